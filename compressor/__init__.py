@@ -1,0 +1,3 @@
+"""compressor: a model-compression framework for PyTorch image classifiers."""
+
+__version__ = "0.1.0"

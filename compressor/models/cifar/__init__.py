@@ -1,0 +1,5 @@
+"""CIFAR-style model families (32x32 inputs, also usable at 28x28 where noted)."""
+
+from compressor.models.cifar import resnet, vgg
+
+__all__ = ["resnet", "vgg"]

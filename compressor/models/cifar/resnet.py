@@ -1,0 +1,97 @@
+"""Distiller's CIFAR ResNets (resnet20..110_cifar) and their shortcut-free plain20_cifar."""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from compressor.models.input_spec import InputSpec
+from compressor.models.registry import register_model
+
+__all__ = ["BasicBlock", "ResNetCifar"]
+
+CIFAR_DATASETS = ("cifar10", "cifar100", "mnist", "fashion-mnist")
+
+
+def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
+    """3x3 convolution with padding and no bias (a batch norm follows)."""
+    return nn.Conv2d(in_planes, out_planes, 3, stride=stride, padding=1, bias=False)
+
+
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with batch norm; `residual=False` drops the shortcut (plain nets)."""
+
+    expansion = 1
+
+    def __init__(self, inplanes: int, planes: int, stride: int = 1,
+                 downsample: nn.Module | None = None, residual: bool = True) -> None:
+        super().__init__()
+        self.conv1 = conv3x3(inplanes, planes, stride)
+        self.bn1 = nn.BatchNorm2d(planes)
+        self.relu1 = nn.ReLU(inplace=False)
+        self.conv2 = conv3x3(planes, planes)
+        self.bn2 = nn.BatchNorm2d(planes)
+        self.relu2 = nn.ReLU(inplace=False)
+        self.downsample = downsample
+        self.residual = residual
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.relu1(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        if self.residual:
+            identity = x if self.downsample is None else self.downsample(x)
+            out = out + identity
+        return self.relu2(out)
+
+
+class ResNetCifar(nn.Module):
+    """conv-bn-relu stem, three stages of 16/32/64 channels, global pooling and one FC layer."""
+
+    def __init__(self, blocks_per_stage: int, num_classes: int, in_channels: int = 3,
+                 residual: bool = True) -> None:
+        super().__init__()
+        self.inplanes = 16
+        self.conv1 = conv3x3(in_channels, 16)
+        self.bn1 = nn.BatchNorm2d(16)
+        self.relu = nn.ReLU(inplace=False)
+        self.layer1 = self._make_layer(16, blocks_per_stage, 1, residual)
+        self.layer2 = self._make_layer(32, blocks_per_stage, 2, residual)
+        self.layer3 = self._make_layer(64, blocks_per_stage, 2, residual)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(64 * BasicBlock.expansion, num_classes)
+        for module in self.modules():
+            if isinstance(module, nn.Conv2d):
+                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(module, nn.BatchNorm2d):
+                nn.init.ones_(module.weight)
+                nn.init.zeros_(module.bias)
+
+    def _make_layer(self, planes: int, blocks: int, stride: int, residual: bool) -> nn.Sequential:
+        downsample = None
+        if residual and (stride != 1 or self.inplanes != planes):
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(planes))
+        layers = [BasicBlock(self.inplanes, planes, stride, downsample, residual)]
+        self.inplanes = planes
+        layers += [BasicBlock(planes, planes, residual=residual) for _ in range(1, blocks)]
+        return nn.Sequential(*layers)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.relu(self.bn1(self.conv1(x)))
+        x = self.layer3(self.layer2(self.layer1(x)))
+        return self.fc(self.avgpool(x).flatten(1))
+
+
+def _register_resnet(depth: int, residual: bool = True) -> None:
+    name = f"{'resnet' if residual else 'plain'}{depth}_cifar"
+    blocks = (depth - 2) // 6
+
+    @register_model(name, datasets=CIFAR_DATASETS, family="resnet_cifar",
+                    checkpoint_blocks=("BasicBlock",))
+    def build(*, num_classes: int, input_spec: InputSpec) -> nn.Module:
+        return ResNetCifar(blocks, num_classes, input_spec.channels, residual)
+
+
+for _depth in (20, 32, 44, 56, 110):
+    _register_resnet(_depth)
+_register_resnet(20, residual=False)

@@ -1,0 +1,138 @@
+"""The architecture registry: one ArchSpec per name, registered with a decorator on a builder."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from torch import nn
+
+from compressor.errors import UsageError
+from compressor.models.input_spec import DATASET_INPUT_SPECS, DATASET_NUM_CLASSES, InputSpec
+
+__all__ = [
+    "ArchSpec", "register_model", "get_arch_spec", "list_archs", "create_model",
+    "SYNTHETIC", "DATASETS",
+]
+
+SYNTHETIC = "synthetic"
+DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "imagenet", SYNTHETIC)
+
+Builder = Callable[..., nn.Module]
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Everything the framework knows about one architecture, read from one place."""
+
+    name: str
+    builder: Builder  # builder(num_classes=..., input_spec=..., **model_attrs) -> nn.Module
+    datasets: tuple[str, ...]  # the first is the default dataset
+    input_specs: Mapping[str, InputSpec]
+    loss: str = "cross_entropy"  # a name in compressor.losses.LOSSES
+    weights: str | None = None  # torchvision weights enum, e.g. "ResNet18_Weights.IMAGENET1K_V1"
+    model_attrs: Mapping[str, Any] = field(default_factory=dict)  # accepted attrs -> defaults
+    pretrained_attrs: Mapping[str, Any] = field(default_factory=dict)  # defaults with weights
+    family: str = ""
+    checkpoint_blocks: tuple[str, ...] = ()  # module class names to recompute in backward
+
+    @property
+    def default_dataset(self) -> str:
+        """The dataset used when none is given."""
+        return self.datasets[0]
+
+    def input_spec(self, dataset: str) -> InputSpec:
+        """The InputSpec for a dataset (synthetic data uses the default dataset's)."""
+        if dataset == SYNTHETIC:
+            dataset = self.default_dataset
+        if dataset not in self.input_specs:
+            raise UsageError(
+                f"architecture '{self.name}' does not support dataset '{dataset}'; "
+                f"use one of: {', '.join(self.datasets)}")
+        return self.input_specs[dataset]
+
+    def num_classes(self, dataset: str) -> int:
+        """Number of classes of a dataset (synthetic data uses the default dataset's)."""
+        if dataset == SYNTHETIC:
+            dataset = self.default_dataset
+        return DATASET_NUM_CLASSES[dataset]
+
+    def resolve_attrs(self, given: Mapping[str, Any] | None, pretrained: bool = False
+                      ) -> dict[str, Any]:
+        """Defaults < pretrained defaults < given attributes; unknown names are an error."""
+        attrs = dict(self.model_attrs)
+        if pretrained:
+            attrs.update(self.pretrained_attrs)
+        for key, value in (given or {}).items():
+            if key not in self.model_attrs:
+                accepted = ", ".join(sorted(self.model_attrs)) or "none"
+                raise UsageError(f"architecture '{self.name}' has no model attribute '{key}' "
+                                 f"(accepted: {accepted})")
+            attrs[key] = value
+        return attrs
+
+
+# Filled once, at import time, by the @register_model decorators of the model families.
+_REGISTRY: dict[str, ArchSpec] = {}
+
+
+def register_model(name: str, *, datasets: tuple[str, ...],
+                   input_specs: Mapping[str, InputSpec] | None = None,
+                   **spec_fields: Any) -> Callable[[Builder], Builder]:
+    """Register a builder under `name`; duplicates are refused."""
+
+    def decorator(builder: Builder) -> Builder:
+        if name in _REGISTRY:
+            raise ValueError(f"architecture '{name}' is already registered")
+        specs = dict(input_specs or {})
+        for dataset in datasets:
+            specs.setdefault(dataset, DATASET_INPUT_SPECS[dataset])
+        _REGISTRY[name] = ArchSpec(name=name, builder=builder, datasets=tuple(datasets),
+                                   input_specs=MappingProxyType(specs), **spec_fields)
+        return builder
+
+    return decorator
+
+
+def list_archs() -> list[str]:
+    """All registered architecture names, sorted."""
+    _ensure_loaded()
+    return sorted(_REGISTRY)
+
+
+def get_arch_spec(name: str) -> ArchSpec:
+    """The ArchSpec of `name`; an unknown name is an error that suggests the closest names."""
+    _ensure_loaded()
+    if name not in _REGISTRY:
+        close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
+        hint = f"did you mean {', '.join(close)}?" if close else "see --help for the list"
+        raise UsageError(f"unknown architecture '{name}': {hint}")
+    return _REGISTRY[name]
+
+
+def create_model(arch: str, dataset: str, *, num_classes: int | None = None,
+                 input_spec: InputSpec | None = None, model_attrs: Mapping[str, Any] | None = None,
+                 pretrained: bool = False) -> nn.Module:
+    """Build `arch` for `dataset` and tag it with arch, dataset, input_spec and model_attrs."""
+    spec = get_arch_spec(arch)
+    if dataset != SYNTHETIC and dataset not in spec.datasets:
+        raise UsageError(f"architecture '{arch}' does not support dataset '{dataset}'; "
+                         f"use one of: {', '.join(spec.datasets)}")
+    input_spec = input_spec or spec.input_spec(dataset)
+    num_classes = num_classes or spec.num_classes(dataset)
+    attrs = spec.resolve_attrs(model_attrs, pretrained)
+    model = spec.builder(num_classes=num_classes, input_spec=input_spec, **attrs)
+    model.arch = arch
+    model.dataset = dataset
+    model.input_spec = input_spec
+    model.model_attrs = attrs
+    model.num_classes = num_classes
+    return model
+
+
+def _ensure_loaded() -> None:
+    # Importing the families runs their @register_model decorators exactly once.
+    import compressor.models.families  # noqa: F401
