@@ -1,0 +1,9 @@
+#!/usr/bin/env python3
+"""Train, compress, resume and evaluate image classifiers (Distiller-compatible command line)."""
+
+import sys
+
+from compressor.app import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+"""The training and evaluation loops: small functions that know nothing of YAML or files."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm import tqdm
+
+from compressor.losses import LossFn, main_logits
+
+__all__ = ["TrainHooks", "NoHooks", "MetricSums", "count_correct", "train_one_epoch", "evaluate"]
+
+LOG = logging.getLogger("compressor")
+
+Reduce = Callable[[Tensor], Tensor]
+
+
+class TrainHooks(Protocol):
+    """The minibatch callbacks of Distiller's CompressionScheduler, called by train_one_epoch."""
+
+    def on_minibatch_begin(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None: ...
+
+    def before_backward_pass(self, epoch: int, batch_idx: int, batches_per_epoch: int,
+                             loss: Tensor) -> Tensor | None: ...
+
+    def before_parameter_optimization(self, epoch: int, batch_idx: int,
+                                      batches_per_epoch: int) -> None: ...
+
+    def on_minibatch_end(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None: ...
+
+
+class NoHooks:
+    """Hooks that do nothing: plain training."""
+
+    def on_minibatch_begin(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None:
+        """Nothing to do."""
+
+    def before_backward_pass(self, epoch: int, batch_idx: int, batches_per_epoch: int,
+                             loss: Tensor) -> Tensor | None:
+        """No extra loss term."""
+        return None
+
+    def before_parameter_optimization(self, epoch: int, batch_idx: int,
+                                      batches_per_epoch: int) -> None:
+        """Nothing to do."""
+
+    def on_minibatch_end(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None:
+        """Nothing to do."""
+
+
+def count_correct(logits: Tensor, target: Tensor, topk: tuple[int, ...] = (1, 5)) -> list[Tensor]:
+    """Number of samples whose target is among the top-k predictions, for each k."""
+    maxk = min(max(topk), logits.shape[1])
+    hits = logits.topk(maxk, dim=1).indices.eq(target.unsqueeze(1))
+    return [hits[:, :min(k, maxk)].any(dim=1).sum() for k in topk]
+
+
+class MetricSums:
+    """Sums of loss, top-1/top-5 hits and samples; reduced across processes before reading."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+
+    def update(self, logits: Tensor, target: Tensor, loss: Tensor) -> None:
+        """Add one batch."""
+        top1, top5 = count_correct(logits.detach(), target)
+        batch = target.shape[0]
+        self.sums += torch.stack([loss.detach().double() * batch, top1.double(), top5.double(),
+                                  torch.tensor(batch, dtype=torch.float64, device=target.device)])
+
+    def result(self, reduce: Reduce | None = None) -> dict[str, float]:
+        """loss (mean), top1 and top5 (percent) and samples, summed over all processes."""
+        sums = reduce(self.sums.clone()) if reduce is not None else self.sums
+        loss, top1, top5, samples = sums.tolist()
+        samples = max(samples, 1.0)
+        return {"loss": loss / samples, "top1": 100.0 * top1 / samples,
+                "top5": 100.0 * top5 / samples, "samples": int(samples)}
+
+
+def _progress(loader: Iterable[Any], desc: str) -> Iterable[Any]:
+    # Progress bars only on a terminal; logs and CI get the periodic log lines instead.
+    return tqdm(loader, desc=desc, leave=False, disable=not sys.stderr.isatty(), dynamic_ncols=True)
+
+
+def _to_device(batch: tuple[Tensor, Tensor], device: torch.device) -> tuple[Tensor, Tensor]:
+    inputs, target = batch
+    return inputs.to(device, non_blocking=True), target.to(device, non_blocking=True)
+
+
+def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
+                    optimizer: torch.optim.Optimizer, device: torch.device, epoch: int,
+                    hooks: TrainHooks | None = None, print_freq: int = 0,
+                    reduce: Reduce | None = None) -> dict[str, float]:
+    """Train for one epoch; returns loss, top1, top5 (main head), samples and seconds."""
+    hooks = hooks or NoHooks()
+    model.train()
+    sums = MetricSums(device)
+    batches = len(loader)  # type: ignore[arg-type]
+    start = time.perf_counter()
+    for batch_idx, batch in enumerate(_progress(loader, f"epoch {epoch}")):
+        inputs, target = _to_device(batch, device)
+        hooks.on_minibatch_begin(epoch, batch_idx, batches)
+        output = model(inputs)
+        loss = loss_fn(output, target)
+        extra = hooks.before_backward_pass(epoch, batch_idx, batches, loss)
+        total = loss if extra is None else loss + extra
+        optimizer.zero_grad(set_to_none=True)
+        total.backward()
+        hooks.before_parameter_optimization(epoch, batch_idx, batches)
+        optimizer.step()
+        hooks.on_minibatch_end(epoch, batch_idx, batches)
+        sums.update(main_logits(output), target, loss)
+        if print_freq and (batch_idx + 1) % print_freq == 0:
+            LOG.info("epoch %d [%d/%d] loss %.4f", epoch, batch_idx + 1, batches, loss.item())
+    metrics = sums.result(reduce)
+    metrics["time"] = time.perf_counter() - start
+    return metrics
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader: Iterable[Any], device: torch.device,
+             reduce: Reduce | None = None, desc: str = "eval") -> dict[str, float]:
+    """Evaluate in eval mode; returns cross-entropy loss, top1, top5 and samples."""
+    model.eval()
+    sums = MetricSums(device)
+    for batch in _progress(loader, desc):
+        inputs, target = _to_device(batch, device)
+        logits = main_logits(model(inputs))
+        sums.update(logits, target, F.cross_entropy(logits, target))
+    return sums.result(reduce)

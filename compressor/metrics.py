@@ -1,0 +1,168 @@
+"""Model size and cost figures: parameters, non-zeros, sparsity, MACs and saved-file size."""
+
+from __future__ import annotations
+
+import io
+import os
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+__all__ = [
+    "LayerCost", "effective_parameters", "effective_state_dict", "weight_tensors",
+    "sparsity", "module_kind", "layer_costs", "count_macs", "model_file_size", "model_metrics",
+    "probe_input",
+]
+
+COMPUTE_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+
+
+def effective_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(name, value) of every parameter as the forward pass sees it, masks applied.
+
+    A parametrized tensor (a pruning mask) is reported once under its plain name
+    (`conv1.weight`, not `conv1.parametrizations.weight.original`), with its masked value.
+    """
+    for module_name, module in model.named_modules():
+        if isinstance(module, parametrize.ParametrizationList) or ".parametrizations." in (
+                f".{module_name}."):
+            continue
+        prefix = f"{module_name}." if module_name else ""
+        if parametrize.is_parametrized(module):
+            for name in module.parametrizations:
+                yield prefix + name, getattr(module, name).detach()
+        for name, param in module.named_parameters(recurse=False):
+            yield prefix + name, param.detach()
+
+
+def effective_state_dict(model: nn.Module) -> dict[str, Tensor]:
+    """The state_dict a deployed model needs: masked parameters and plain buffers."""
+    state = dict(effective_parameters(model))
+    for name, buffer in model.named_buffers():
+        if ".parametrizations." not in f".{name}":
+            state[name] = buffer.detach()
+    return state
+
+
+def weight_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, Tensor]]:
+    """(name, module, masked weight) of every convolution and fully connected layer."""
+    for module_name, module in model.named_modules():
+        if isinstance(module, COMPUTE_LAYERS):
+            yield f"{module_name}.weight", module, module.weight.detach()
+
+
+def module_kind(module: nn.Module) -> str:
+    """The class name of a module, ignoring the subclass that parametrize adds for masks."""
+    cls = type(module)
+    if parametrize.is_parametrized(module):
+        cls = cls.__mro__[1]
+    return cls.__name__
+
+
+def sparsity(tensor: Tensor) -> float:
+    """Fraction of exact zeros in a tensor."""
+    return 1.0 - float(torch.count_nonzero(tensor)) / max(tensor.numel(), 1)
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One convolution or linear layer as seen in a forward pass at the model's input size."""
+
+    name: str
+    kind: str
+    input_shape: tuple[int, ...]
+    output_shape: tuple[int, ...]
+    weights: int
+    macs: int
+
+
+def probe_input(model: nn.Module, batch_size: int = 1) -> Tensor:
+    """A zero batch at the model's own InputSpec (its registry entry's input size)."""
+    spec = getattr(model, "input_spec", None)
+    if spec is None:
+        raise ValueError("the model has no input_spec; build it with compressor.models")
+    param = next(model.parameters(), None)
+    device = param.device if param is not None else torch.device("cpu")
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    return torch.zeros(batch_size, *spec.input_size, device=device, dtype=dtype)
+
+
+def _layer_macs(module: nn.Module, output: Tensor) -> int:
+    out_per_sample = output[0].numel()
+    if isinstance(module, nn.Linear):
+        return out_per_sample * module.in_features
+    kernel = 1
+    for size in module.kernel_size:
+        kernel *= size
+    return out_per_sample * (module.in_channels // module.groups) * kernel
+
+
+def layer_costs(model: nn.Module, inputs: Tensor | None = None) -> list[LayerCost]:
+    """Per-layer MACs of one sample, measured with forward hooks (eval mode, no grad)."""
+    records: list[LayerCost] = []
+    names = {module: name for name, module in model.named_modules()}
+
+    def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
+        records.append(LayerCost(
+            name=names[module], kind=module_kind(module),
+            input_shape=tuple(args[0].shape[1:]), output_shape=tuple(output.shape[1:]),
+            weights=module.weight.numel(), macs=_layer_macs(module, output)))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if isinstance(m, COMPUTE_LAYERS)]
+    was_training = model.training
+    try:
+        model.eval()
+        with torch.no_grad():
+            model(probe_input(model) if inputs is None else inputs)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return records
+
+
+def count_macs(model: nn.Module) -> int:
+    """Dense multiply-accumulates of one sample at the model's InputSpec."""
+    return sum(cost.macs for cost in layer_costs(model))
+
+
+def model_file_size(model: nn.Module) -> tuple[int, int]:
+    """Bytes of the saved model (masks baked in), plain and zlib-compressed.
+
+    Element-wise sparsity leaves the plain size unchanged; the compressed size shows what
+    the zeros would save in a compressed file format.
+    """
+    buffer = io.BytesIO()
+    torch.save({k: v.cpu() for k, v in effective_state_dict(model).items()}, buffer)
+    data = buffer.getvalue()
+    return len(data), len(zlib.compress(data, 1))
+
+
+def model_metrics(model: nn.Module, checkpoint_path: str | os.PathLike | None = None
+                  ) -> dict[str, Any]:
+    """Size and cost figures that a run adds to results.json."""
+    params = dict(effective_parameters(model))
+    total = sum(p.numel() for p in params.values())
+    nonzero = sum(int(torch.count_nonzero(p)) for p in params.values())
+    weights = [w for _, _, w in weight_tensors(model)]
+    weight_total = sum(w.numel() for w in weights)
+    weight_nonzero = sum(int(torch.count_nonzero(w)) for w in weights)
+    file_size, compressed = model_file_size(model)
+    metrics: dict[str, Any] = {
+        "sparsity": 1.0 - weight_nonzero / max(weight_total, 1),
+        "params": total,
+        "nonzero_params": nonzero,
+        "params_sparsity": 1.0 - nonzero / max(total, 1),
+        "macs": count_macs(model),
+        "model_file_size": file_size,
+        "model_file_size_compressed": compressed,
+    }
+    if checkpoint_path is not None and os.path.exists(checkpoint_path):
+        metrics["checkpoint_file_size"] = os.path.getsize(checkpoint_path)
+    return metrics

@@ -1,0 +1,53 @@
+"""Pretrained torchvision weights, found in $TORCH_HOME/hub/checkpoints/ or downloaded."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+from torchvision.models import get_weight
+
+from compressor.errors import CheckpointError, UsageError
+from compressor.models.registry import ArchSpec
+
+__all__ = ["pretrained_weights_path", "load_pretrained_weights"]
+
+
+def pretrained_weights_path(url: str) -> Path:
+    """Where torch.hub keeps the file of `url`: $TORCH_HOME/hub/checkpoints/<file name>."""
+    return Path(torch.hub.get_dir()) / "checkpoints" / os.path.basename(url)
+
+
+def load_pretrained_weights(model: nn.Module, spec: ArchSpec) -> None:
+    """Load the arch's torchvision weights into `model` (aux heads may be absent from it)."""
+    if spec.weights is None:
+        raise UsageError(f"architecture '{spec.name}' has no pretrained weights; drop --pretrained")
+    weights = get_weight(spec.weights)
+    path = pretrained_weights_path(weights.url)
+    if not path.is_file():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.hub.download_url_to_file(weights.url, str(path), progress=False)
+        except Exception as exc:  # no network, refused, interrupted: all the same to the user
+            raise CheckpointError(
+                f"pretrained weights for {spec.name} not found at {path} and the download from "
+                f"{weights.url} failed ({type(exc).__name__}); copy the file there or set "
+                "TORCH_HOME") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"pretrained weights file {path} cannot be read "
+                              f"({type(exc).__name__}); delete it and download it again") from None
+    own = model.state_dict()
+    # torchvision files carry aux heads that a model built with aux_logits=False does not have.
+    unexpected = [key for key in state if key not in own]
+    if any(not key.startswith(("aux", "AuxLogits")) for key in unexpected):
+        raise CheckpointError(f"pretrained weights file {path} does not match {spec.name} "
+                              f"(unexpected keys such as {unexpected[0]}); delete it")
+    try:
+        model.load_state_dict({k: v for k, v in state.items() if k in own}, strict=True)
+    except RuntimeError as exc:
+        raise CheckpointError(f"pretrained weights file {path} does not match {spec.name} "
+                              f"({str(exc).splitlines()[0]}); delete it") from None

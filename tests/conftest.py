@@ -1,0 +1,58 @@
+"""Shared fixtures: run the real CLI in a subprocess, with an isolated TORCH_HOME."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for CLI subprocesses: the project on the path, few threads, no terminal."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "2")
+    env.update(extra or {})
+    return env
+
+
+def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run `python compress_classifier.py ARGS` and capture its output."""
+    command = [sys.executable, str(ROOT / "compress_classifier.py"), *args]
+    return subprocess.run(command, cwd=cwd or ROOT, env=cli_env(env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_torchrun(nproc: int, *args: str, env: dict[str, str] | None = None,
+                 timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the CLI under torchrun with `nproc` CPU processes."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               f"--nproc_per_node={nproc}", str(ROOT / "compress_classifier.py"), *args]
+    return subprocess.run(command, cwd=ROOT, env=cli_env({"OMP_NUM_THREADS": "1", **(env or {})}),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:
+    """Exit status 2, exactly one stderr line, no traceback, containing every fragment."""
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture
+def torch_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty TORCH_HOME for this test (and its subprocesses)."""
+    home = tmp_path / "torch_home"
+    (home / "hub" / "checkpoints").mkdir(parents=True)
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    return home
