@@ -31,8 +31,10 @@ def _one_line(exc: BaseException) -> str:
     # last line, which is our own message.
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     line = lines[-1] if lines else type(exc).__name__
-    prefix = f"{type(exc).__name__}: "
-    return line[len(prefix):] if line.startswith(prefix) else line
+    for prefix in (f"{type(exc).__module__}.{type(exc).__name__}: ", f"{type(exc).__name__}: "):
+        if line.startswith(prefix):
+            return line[len(prefix):]
+    return line
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +71,10 @@ def _print_results(results: dict[str, Any]) -> None:
                    tablefmt="github"))
 
 
-def _model_facts(model: nn.Module) -> dict[str, Any]:
-    return {"params": sum(p.numel() for p in model.parameters())}
+def _model_facts(model: nn.Module, run_dir: Path) -> dict[str, Any]:
+    from compressor.metrics import model_metrics  # sparsity, params, MACs, file sizes
+
+    return model_metrics(model, run_dir / "checkpoint.pth.tar")
 
 
 def _dry_run(args: argparse.Namespace, model: nn.Module) -> int:
@@ -122,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
             write_args_yaml(run_dir, _resolved_args(args, setup))
         results = _dispatch(args, setup, ctx, model, data, run_dir if ctx.is_main else None)
         results = {"arch": setup.arch, "dataset": setup.dataset, **results,
-                   **_model_facts(model), "time": time.perf_counter() - started}
+                   **_model_facts(model, run_dir), "time": time.perf_counter() - started}
         if ctx.is_main:
             write_results_json(run_dir, results)
             _print_results(results)
@@ -139,6 +143,22 @@ def _dispatch(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, model
         best = setup.checkpoint.get("best_top1", test["top1"]) if setup.checkpoint else test["top1"]
         best_epoch = setup.checkpoint.get("best_epoch", epoch) if setup.checkpoint else epoch
         return {**test, "epoch": epoch, "best_top1": best, "best_epoch": best_epoch}
-    if args.sense or args.thinnify:  # hook point: dispatched by the issue-4 reports/thinning
-        raise CompressorError("--sense and --thinnify are not available in this build")
+    if args.sense or args.thinnify:
+        loader = eval_loader(data.test, args.batch_size, args.workers, ctx)
+        reduce = all_reduce_sum if ctx.enabled else None
+
+        def evaluate_fn(net: nn.Module) -> dict[str, float]:
+            return evaluate(net, loader, ctx.device, reduce=reduce, desc="test")
+
+        if args.thinnify:
+            from compressor.thinning.run import thinnify
+
+            return thinnify(args, setup, model, evaluate_fn, run_dir)
+        from compressor.sensitivity import run_sensitivity, sensitivity_levels
+
+        run_sensitivity(model, evaluate_fn, args.sense, sensitivity_levels(*args.sense_range),
+                        run_dir)
+        test = evaluate_fn(model)
+        epoch = setup.checkpoint["epoch"] if setup.checkpoint else -1
+        return {**test, "epoch": epoch, "best_top1": test["top1"], "best_epoch": epoch}
     return run_training(args, setup, ctx, model, data, run_dir)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import random
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -52,7 +53,9 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}; check the path given")
     try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # torch warns about old pickle protocols: noise here
+            warnings.simplefilter("ignore")
+            data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
         if "Weights only load failed" in str(exc):
             raise CheckpointError(

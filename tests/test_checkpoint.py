@@ -1,0 +1,124 @@
+"""Checkpoint writing survives SIGKILL at any moment; loading strips wrappers and refuses junk."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from compressor.checkpoint import (
+    clean_state_dict,
+    get_rng_state,
+    load_checkpoint,
+    plain_state_dict,
+    save_checkpoint,
+    set_rng_state,
+)
+from compressor.errors import CheckpointError
+from tests.conftest import ROOT, cli_env, run_cli
+
+SAVER = """
+import sys, torch
+from compressor.checkpoint import save_checkpoint
+path, step = sys.argv[1], 0
+print("ready", flush=True)
+while True:
+    step += 1
+    save_checkpoint(path, {"step": step, "blob": torch.full((1_000_000,), float(step))})
+"""
+
+
+def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pth.tar"
+    rng = random.Random(0)
+    last_step = 0
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], cwd=ROOT,
+                                env=cli_env(), stdout=subprocess.PIPE, text=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        if path.exists():
+            state = load_checkpoint(path)  # never raises: the file is always whole
+            assert torch.equal(state["blob"], torch.full((1_000_000,), float(state["step"])))
+            last_step = state["step"]
+    assert last_step > 0, "no checkpoint was ever completed"
+    leftovers = [p.name for p in tmp_path.iterdir() if p.name != path.name]
+    assert all(".tmp-" in name for name in leftovers)
+
+
+def test_sigkill_of_a_training_run_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
+    rng = random.Random(1)
+    for attempt in range(2):
+        out = tmp_path / f"run{attempt}"
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "compress_classifier.py"), "-a", "simplenet_digits",
+             "--epochs", "50", "-b", "32", "-j", "0", "-p", "0", "-o", str(tmp_path),
+             "-n", out.name], cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        deadline = time.time() + 60
+        while not (out / "checkpoint.pth.tar").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(rng.uniform(0.0, 1.5))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        checkpoint = load_checkpoint(out / "checkpoint.pth.tar")
+        resumed = run_cli("--resume-from", str(out / "checkpoint.pth.tar"), "-e", "-j", "0",
+                          "-o", str(tmp_path), "-n", f"eval{attempt}")
+        assert resumed.returncode == 0, resumed.stderr
+        assert checkpoint["epoch"] >= 0
+
+
+def test_save_is_atomic_and_keeps_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "c.pth.tar"
+    save_checkpoint(path, {"a": torch.ones(3)})
+    save_checkpoint(path, {"a": torch.zeros(3)})
+    assert torch.equal(load_checkpoint(path)["a"], torch.zeros(3))
+    assert os.listdir(tmp_path) == ["c.pth.tar"]
+
+
+def test_load_refuses_missing_and_non_dict(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="not found"):
+        load_checkpoint(tmp_path / "missing.pth")
+    torch.save(torch.ones(2), tmp_path / "tensor.pth")
+    with pytest.raises(CheckpointError, match="not a dict"):
+        load_checkpoint(tmp_path / "tensor.pth")
+
+
+def test_clean_state_dict_strips_wrappers() -> None:
+    state = {"module.fc.weight": 1, "_orig_mod.module.conv.bias": 2, "bn.weight": 3}
+    assert clean_state_dict(state) == {"fc.weight": 1, "conv.bias": 2, "bn.weight": 3}
+
+
+def test_plain_state_dict_saves_parametrized_values() -> None:
+    from torch.nn.utils import parametrize
+
+    class Halve(torch.nn.Module):
+        def forward(self, weight: torch.Tensor) -> torch.Tensor:
+            return weight * 0.5
+
+    layer = torch.nn.Linear(3, 2)
+    expected = layer.weight.detach() * 0.5
+    parametrize.register_parametrization(layer, "weight", Halve())
+    state = plain_state_dict(torch.nn.Sequential(layer))
+    assert set(state) == {"0.weight", "0.bias"}
+    assert torch.equal(state["0.weight"], expected)
+
+
+def test_rng_state_round_trip() -> None:
+    import numpy as np
+
+    state = get_rng_state()
+    first = (torch.rand(3), np.random.rand(3), random.random())
+    set_rng_state(state)
+    second = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(first[0], second[0])
+    assert (first[1] == second[1]).all() and first[2] == second[2]
