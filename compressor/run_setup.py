@@ -1,4 +1,4 @@
-"""Resolve what a run is about (arch, dataset, input spec, model attrs, seed) and build its model."""
+"""Resolve a run (arch, dataset, input spec, model attrs, seed) and build its model."""
 
 from __future__ import annotations
 

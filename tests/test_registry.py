@@ -13,7 +13,8 @@ from compressor.models.registry import DATASETS
 
 OWN_ARCHS = [name for name in list_archs() if get_arch_spec(name).family != "torchvision"]
 # A sample of torchvision families small enough for a CPU test (all 80 are registered).
-TORCHVISION_SAMPLE = ["resnet18", "mobilenet_v2", "squeezenet1_1", "googlenet", "shufflenet_v2_x0_5"]
+TORCHVISION_SAMPLE = ["resnet18", "mobilenet_v2", "squeezenet1_1", "googlenet",
+                      "shufflenet_v2_x0_5"]
 DISTILLER_NAMES = ["resnet20_cifar", "resnet32_cifar", "resnet44_cifar", "resnet56_cifar",
                    "resnet110_cifar", "plain20_cifar", "vgg11_cifar", "vgg13_cifar",
                    "vgg16_cifar", "vgg19_cifar", "vgg11_bn_cifar", "vgg13_bn_cifar",

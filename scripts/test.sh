@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs the linters and the test suite in .venv (created on first use).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup_venv.sh
+.venv/bin/ruff check compressor tests benchmarks compress_classifier.py setup.py
+.venv/bin/python -m pytest -q "$@"
