@@ -1,0 +1,25 @@
+"""Pruners under Distiller's class names: element-wise, gradual (AGP), structured, random."""
+
+from compressor.pruning.apoz import ActivationAPoZRankedFilterPruner
+from compressor.pruning.base import LevelPruner, Pruner, PruneStep, agp_sparsity
+from compressor.pruning.groups import GROUP_TYPES, element_mask, group_norms, sparsity
+from compressor.pruning.magnitude import (
+    AutomatedGradualPruner,
+    MagnitudeParameterPruner,
+    SensitivityPruner,
+    SparsityLevelParameterPruner,
+    SplicingPruner,
+)
+from compressor.pruning.structured import (
+    BernoulliFilterPruner,
+    RandomLevelStructureParameterPruner,
+    RankedStructurePruner,
+)
+
+__all__ = [
+    "Pruner", "LevelPruner", "PruneStep", "agp_sparsity", "GROUP_TYPES", "element_mask",
+    "group_norms", "sparsity", "MagnitudeParameterPruner", "SparsityLevelParameterPruner",
+    "AutomatedGradualPruner", "SensitivityPruner", "SplicingPruner", "RankedStructurePruner",
+    "RandomLevelStructureParameterPruner", "BernoulliFilterPruner",
+    "ActivationAPoZRankedFilterPruner",
+]

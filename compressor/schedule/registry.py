@@ -1,0 +1,228 @@
+"""The explicit table of schedule classes: Distiller's class name -> section and builder."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import Any
+
+from compressor.pruning import (
+    ActivationAPoZRankedFilterPruner,
+    AutomatedGradualPruner,
+    BernoulliFilterPruner,
+    MagnitudeParameterPruner,
+    RandomLevelStructureParameterPruner,
+    RankedStructurePruner,
+    SensitivityPruner,
+    SparsityLevelParameterPruner,
+    SplicingPruner,
+)
+from compressor.pruning.groups import GROUP_TYPES, group_index
+from compressor.regularization import (
+    REGULARIZER_GROUPS,
+    THRESHOLD_CRITERIA,
+    GroupLassoRegularizer,
+    GroupVarianceRegularizer,
+    L1Regularizer,
+)
+from compressor.schedule.config import EntryReader, ParamResolver
+
+__all__ = ["SCHEDULE_CLASSES", "QUANTIZER_CLASSES", "Builder", "section_of"]
+
+Builder = Callable[[str, EntryReader, ParamResolver], Any]
+
+# Distiller's quantizers: recognised so that the refusal names them, not implemented yet.
+QUANTIZER_CLASSES = frozenset({
+    "PostTrainLinearQuantizer", "QuantAwareTrainRangeLinearQuantizer", "DorefaQuantizer",
+    "WRPNQuantizer", "PACTQuantizer", "ClippedLinearQuantizer", "SymmetricLinearQuantizer",
+    "RangeLinearQuantizer"})
+
+
+def _weights(reader: EntryReader, resolver: ParamResolver, group_type: str | None = None,
+             block_shape: tuple[int, ...] = (1, 1, 1, 1)) -> list[str]:
+    names = resolver.resolve_list(reader.raw("weights"), reader, "weights")
+    if group_type is not None:
+        for name in names:
+            try:
+                group_index(resolver.params[name].shape, group_type, block_shape)
+            except ValueError as exc:
+                reader.fail(f"{name}: {exc}", "choose a group type that fits this weight")
+    return names
+
+
+def _agp_levels(reader: EntryReader) -> dict[str, float]:
+    initial, final = reader.sparsity("initial_sparsity"), reader.sparsity("final_sparsity")
+    if final < initial:
+        reader.fail(f"final_sparsity {final} is below initial_sparsity {initial}",
+                    "make final_sparsity >= initial_sparsity")
+    return {"initial_sparsity": initial, "final_sparsity": final}
+
+
+def _group_type(reader: EntryReader, choices: tuple[str, ...] = GROUP_TYPES,
+                default: Any = "Filters") -> str:
+    return reader.choice("group_type", choices, default)
+
+
+def _block_shape(reader: EntryReader, group_type: str) -> tuple[int, ...]:
+    kwargs = reader.raw("kwargs", {}) or {}
+    sub = EntryReader(reader.source, f"{reader.where}.kwargs", kwargs)
+    shape = sub.raw("block_shape", [1, 1, 1, 1])
+    sub.finish()
+    if (not isinstance(shape, list) or len(shape) != 4
+            or not all(isinstance(v, int) and v > 0 for v in shape)):
+        reader.fail(f"block_shape {shape!r} is not 4 positive integers",
+                    "write block_shape: [repetitions, depth, height, width]")
+    if group_type != "Blocks" and tuple(shape) != (1, 1, 1, 1):
+        reader.fail("block_shape is only used with group_type Blocks", "remove it")
+    return tuple(shape)
+
+
+def _ranked(norm: int, agp: bool) -> Builder:
+    def build(name: str, reader: EntryReader, resolver: ParamResolver) -> RankedStructurePruner:
+        levels = _agp_levels(reader) if agp else {"level": reader.sparsity("desired_sparsity")}
+        group_type = _group_type(reader, default="Filters")
+        block_shape = _block_shape(reader, group_type)
+        dependency = reader.choice("group_dependency", ("Leader",), None)
+        weights = _weights(reader, resolver, group_type, block_shape)
+        return RankedStructurePruner(name, weights, group_type=group_type, norm=norm,
+                                     group_dependency=dependency, block_shape=block_shape,
+                                     **levels)
+    return build
+
+
+def _agp(name: str, reader: EntryReader, resolver: ParamResolver) -> AutomatedGradualPruner:
+    levels = _agp_levels(reader)
+    return AutomatedGradualPruner(name, _weights(reader, resolver), **levels)
+
+
+def _magnitude(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    thresholds = resolver.resolve_map(reader.raw("thresholds"), reader, "thresholds")
+    for key, value in thresholds.items():
+        reader.check_number(f"thresholds.{key}", value, low=0.0)
+    return MagnitudeParameterPruner(name, thresholds)
+
+
+def _levels(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    levels = resolver.resolve_map(reader.raw("levels"), reader, "levels")
+    for key, value in levels.items():
+        reader.check_number(f"levels.{key}", value, low=0.0, high=1.0, high_open=True)
+    return SparsityLevelParameterPruner(name, levels)
+
+
+def _sensitivities(reader: EntryReader, resolver: ParamResolver) -> dict[str, float]:
+    values = resolver.resolve_map(reader.raw("sensitivities"), reader, "sensitivities")
+    return {key: reader.check_number(f"sensitivities.{key}", value, low=0.0)
+            for key, value in values.items()}
+
+
+def _sensitivity(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    return SensitivityPruner(name, _sensitivities(reader, resolver))
+
+
+def _splicing(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    return SplicingPruner(
+        name, _sensitivities(reader, resolver),
+        low_thresh_mult=reader.number("low_thresh_mult", low=0.0),
+        hi_thresh_mult=reader.number("hi_thresh_mult", low=0.0),
+        sensitivity_multiplier=reader.number("sensitivity_multiplier", 0.0, low=0.0))
+
+
+def _random_level(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    bounds = reader.raw("sparsity_range")
+    if not isinstance(bounds, list) or len(bounds) != 2:
+        reader.fail(f"sparsity_range {bounds!r} is not [low, high]", "write [0.1, 0.2]")
+    low, high = (reader.check_number("sparsity_range", v, low=0.0, high=1.0, high_open=True)
+                 for v in bounds)
+    if high < low:
+        reader.fail("sparsity_range is decreasing", "write [low, high] with low <= high")
+    group_type = _group_type(reader)
+    return RandomLevelStructureParameterPruner(
+        name, _weights(reader, resolver, group_type), group_type=group_type,
+        sparsity_range=(low, high))
+
+
+def _bernoulli(agp: bool) -> Builder:
+    def build(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+        levels = _agp_levels(reader) if agp else {"level": reader.sparsity("desired_sparsity")}
+        group_type = _group_type(reader, ("Filters", "Channels", "Rows", "Cols"))
+        return BernoulliFilterPruner(name, _weights(reader, resolver, group_type),
+                                     group_type=group_type, **levels)
+    return build
+
+
+def _apoz(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    levels = _agp_levels(reader)
+    group_type = _group_type(reader, ("Filters",))
+    return ActivationAPoZRankedFilterPruner(name, _weights(reader, resolver, group_type),
+                                            group_type=group_type, **levels)
+
+
+def _regularizer(cls: type, grouped: bool) -> Builder:
+    def build(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+        regims = resolver.resolve_map(reader.raw("reg_regims"), reader, "reg_regims")
+        parsed: dict[str, tuple[float, str | None]] = {}
+        for key, value in regims.items():
+            if grouped:
+                if not isinstance(value, list) or len(value) != 2:
+                    reader.fail(f"reg_regims.{key} is {value!r}",
+                                "write [strength, group type], e.g. [0.0008, Channels]")
+                strength, group = value
+                if group not in REGULARIZER_GROUPS:
+                    reader.fail(f"reg_regims.{key} has group type {group!r}",
+                                f"use one of: {', '.join(REGULARIZER_GROUPS)}")
+                try:
+                    group_index(resolver.params[key].shape, group)
+                except ValueError as exc:
+                    reader.fail(f"{key}: {exc}", "choose a group type that fits this weight")
+            else:
+                strength, group = value, None
+            parsed[key] = (reader.check_number(f"reg_regims.{key}", strength, low=0.0), group)
+        criteria = reader.choice("threshold_criteria", THRESHOLD_CRITERIA, None)
+        return cls(name, parsed, criteria)
+    return build
+
+
+def _thinner(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    from compressor.schedule.extensions import StructureRemover
+
+    func = reader.choice("thinning_func_str", ("remove_filters", "remove_channels"))
+    reader.raw("arch", None)  # Distiller needed them; the model knows its own arch and dataset
+    reader.raw("dataset", None)
+    return StructureRemover(name, func)
+
+
+# class name -> (section, builder); LR schedulers are built by the loader (it holds the optimizer)
+SCHEDULE_CLASSES: Mapping[str, tuple[str, Builder | None]] = MappingProxyType({
+    "AutomatedGradualPruner": ("pruners", _agp),
+    "MagnitudeParameterPruner": ("pruners", _magnitude),
+    "SparsityLevelParameterPruner": ("pruners", _levels),
+    "SensitivityPruner": ("pruners", _sensitivity),
+    "SplicingPruner": ("pruners", _splicing),
+    "StructuredAutomatedGradualPruner": ("pruners", _ranked(1, agp=True)),
+    "L1RankedStructureParameterPruner": ("pruners", _ranked(1, agp=False)),
+    "L2RankedStructureParameterPruner": ("pruners", _ranked(2, agp=False)),
+    "L1RankedStructureParameterPruner_AGP": ("pruners", _ranked(1, agp=True)),
+    "L2RankedStructureParameterPruner_AGP": ("pruners", _ranked(2, agp=True)),
+    "RandomLevelStructureParameterPruner": ("pruners", _random_level),
+    "BernoulliFilterPruner": ("pruners", _bernoulli(agp=False)),
+    "BernoulliFilterPruner_AGP": ("pruners", _bernoulli(agp=True)),
+    "ActivationAPoZRankedFilterPruner_AGP": ("pruners", _apoz),
+    "L1Regularizer": ("regularizers", _regularizer(L1Regularizer, grouped=False)),
+    "GroupLassoRegularizer": ("regularizers", _regularizer(GroupLassoRegularizer, True)),
+    "GroupVarianceRegularizer": ("regularizers", _regularizer(GroupVarianceRegularizer, True)),
+    "StepLR": ("lr_schedulers", None),
+    "MultiStepLR": ("lr_schedulers", None),
+    "MultiStepMultiGammaLR": ("lr_schedulers", None),
+    "ExponentialLR": ("lr_schedulers", None),
+    "CosineAnnealingLR": ("lr_schedulers", None),
+    "ReduceLROnPlateau": ("lr_schedulers", None),
+    "FilterRemover": ("extensions", _thinner),
+    "ChannelRemover": ("extensions", _thinner),
+    "StructureRemover": ("extensions", _thinner),
+})
+
+
+def section_of(class_name: str) -> str | None:
+    """The schedule section a class belongs in, or None for an unknown class."""
+    entry = SCHEDULE_CLASSES.get(class_name)
+    return entry[0] if entry else ("quantizers" if class_name in QUANTIZER_CLASSES else None)

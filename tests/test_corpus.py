@@ -1,0 +1,164 @@
+"""Distiller's own schedules: each one whose arch compressor registers loads and runs one short
+epoch on synthetic data at that arch's input spec; quantizer schedules are refused by name."""
+
+from __future__ import annotations
+
+import copy
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+
+from compressor.errors import ScheduleError
+from compressor.models.registry import create_model, list_archs
+from compressor.pruning import LevelPruner, sparsity
+from compressor.schedule import QUANTIZER_CLASSES, load_schedule
+from compressor.schedule.loader import SECTIONS
+from compressor.schedule.policies import ExtensionPolicy, PruningPolicy
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = Path(__file__).parents[1].parent / "shared" / "distiller-schedules"
+FILES = sorted(CORPUS.rglob("*.yaml")) if CORPUS.is_dir() else []
+ARCH_FLAG = re.compile(r"(?:--arch|-a)[ =]+([A-Za-z0-9_]+)")
+
+
+def follow_link(path: Path) -> Path:
+    """Git symlinks checked out as text files hold the relative target path."""
+    text = path.read_text().strip()
+    if "\n" not in text and text.endswith(".yaml") and (path.parent / text).is_file():
+        return (path.parent / text).resolve()
+    return path
+
+
+def arch_of(path: Path, archs: list[str]) -> str | None:
+    """The arch of the schedule's command-line comments, else the longest arch the file name
+    starts with (e.g. alexnet_bn_base_fp32.yaml)."""
+    found = ARCH_FLAG.findall(path.read_text())
+    if found:
+        return found[0]
+    prefixes = [arch for arch in archs if path.name.startswith(arch)]
+    return max(prefixes, key=len) if prefixes else None
+
+
+def is_schedule(doc: object) -> bool:
+    """Activation-statistics files (quantization inputs) sit in the corpus too."""
+    return isinstance(doc, dict) and set(doc) <= {"version", "policies", *SECTIONS}
+
+
+@pytest.fixture(scope="module")
+def pristine() -> dict[str, torch.nn.Module]:
+    """One freshly built model per arch, copied for each schedule (building is slow)."""
+    return {}
+
+
+def test_corpus_is_present() -> None:
+    assert len(FILES) >= 60, f"expected Distiller's schedules in {CORPUS}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CORPUS)))
+def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> None:
+    source = follow_link(path)
+    doc = yaml.safe_load(source.read_text())
+    archs = list_archs()
+    arch = arch_of(source, archs) or arch_of(path, archs)
+    if not is_schedule(doc):
+        model = create_model("resnet20_cifar", "cifar10")
+        with pytest.raises(ScheduleError, match="unknown key"):
+            load_schedule(source, model, torch.optim.SGD(model.parameters(), lr=0.1))
+        return
+    quantizers = [entry["class"] for entry in (doc.get("quantizers") or {}).values()]
+    if quantizers:  # refused before any name is resolved, whatever the arch
+        assert set(quantizers) <= QUANTIZER_CLASSES
+        model = create_model(arch if arch in archs else "resnet20_cifar", "synthetic")
+        with pytest.raises(ScheduleError, match=f"'{quantizers[0]}' is not implemented yet"):
+            load_schedule(source, model, torch.optim.SGD(model.parameters(), lr=0.1))
+        return
+    if arch not in archs:
+        pytest.skip(f"architecture {arch} is not registered" if arch else
+                    "names no registered architecture (comments or file name)")
+    if arch not in pristine:
+        torch.manual_seed(0)
+        pristine[arch] = create_model(arch, "synthetic")
+    model = copy.deepcopy(pristine[arch])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    sched = load_schedule(source, model, optimizer)
+    acting = [min(p.window.epochs) for p in sched.policies if p.kind != "lr_scheduler"]
+    epoch = min(acting) if acting else 0
+    imagenet = model.input_spec.input_size[-1] > 64
+    has_bn1d = any(isinstance(m, torch.nn.BatchNorm1d) for m in model.modules())
+    batches, batch_size = (1, 2 if has_bn1d else 1) if imagenet else (2, 2)
+    params_before = sum(p.numel() for p in model.parameters())
+    torch.manual_seed(1)
+    sched.on_epoch_begin(epoch)
+    model.train()
+    for batch in range(batches):
+        x = torch.randn(batch_size, *model.input_spec.input_size)
+        y = torch.randint(0, model.num_classes, (batch_size,))
+        sched.on_minibatch_begin(epoch, batch, batches)
+        output = model(x)
+        loss = F.cross_entropy(output if torch.is_tensor(output) else output[0], y)
+        extra = sched.before_backward_pass(epoch, batch, batches, loss)
+        optimizer.zero_grad()
+        (loss if extra is None else loss + extra).backward()
+        sched.before_parameter_optimization(epoch, batch, batches)
+        optimizer.step()
+        sched.on_minibatch_end(epoch, batch, batches)
+        assert torch.isfinite(loss)
+    sched.on_epoch_end(epoch, {"loss": float(loss.detach()), "top1": 0.0})
+
+    active = [p for p in sched.policies if epoch in p.window.epochs]
+    if any(isinstance(p, ExtensionPolicy) for p in active):
+        structured = [p for p in active if isinstance(p, PruningPolicy)
+                      and hasattr(p.pruner, "group_type")]
+        params_after = sum(p.numel() for p in model.parameters())
+        assert params_after < params_before if structured else params_after <= params_before
+    else:
+        for policy in active:
+            if not isinstance(policy, PruningPolicy) or policy.forward_only or (
+                    policy.options.discard_masks_at_minibatch_end):
+                continue
+            pruner = policy.pruner
+            level = pruner.level(policy._step(sched, epoch)) if isinstance(
+                pruner, LevelPruner) and pruner.fixed_level is None else None
+            for name in pruner.weights:
+                reached = sparsity(model.get_parameter(name))
+                if level is not None and not hasattr(pruner, "group_type"):
+                    numel = model.get_parameter(name).numel()
+                    assert reached >= int(level * numel) / numel - 1e-6, name
+                else:
+                    assert reached > 0.0 or level == 0.0, name
+    buffer = io.BytesIO()
+    torch.save(sched.state_dict(), buffer)
+    buffer.seek(0)
+    sched.load_state_dict(torch.load(buffer, weights_only=True))
+
+
+def test_corpus_schedule_through_the_cli(tmp_path: Path) -> None:
+    schedule = CORPUS / "agp-pruning" / "resnet20_filters.schedule_agp.yaml"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "compress_classifier.py"), "-a", "resnet20_cifar",
+         "--dataset", "synthetic", "--epochs", "1", "-b", "32", "--etrs", "0.005", "--etes",
+         "0.005", "-j", "0", "--cpu", "--compress", str(schedule), "-o", str(tmp_path),
+         "-n", "agp"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 0, result.stderr
+    state = torch.load(tmp_path / "agp" / "checkpoint.pth.tar", weights_only=True)
+    weight = state["state_dict"]["layer2.0.conv1.weight"]
+    dead = int(weight.abs().sum(dim=(1, 2, 3)).eq(0).sum())
+    assert dead == int(0.10 * 32)  # low_pruner's initial sparsity at epoch 0
+    assert state["compression"]["policies"][0]["masks"]
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs").rglob("*.yaml")),
+                         ids=lambda p: str(p.relative_to(ROOT / "configs")))
+def test_shipped_configs_load_for_their_arch(path: Path) -> None:
+    arch = arch_of(path, list_archs())
+    assert arch is not None, f"{path.name} names no arch in its comments"
+    model = create_model(arch, "synthetic")
+    sched = load_schedule(path, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert any(p.kind in ("pruner", "regularizer") for p in sched.policies)
