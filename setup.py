@@ -18,6 +18,7 @@ setup(
         "tqdm",
         "scikit-learn",
         "matplotlib",
+        "torch-pruning==1.6.1",
     ],
     extras_require={"dev": ["pytest==9.2.0", "ruff==0.17.6"]},
     entry_points={"console_scripts": ["compress-classifier=compressor.app:main"]},

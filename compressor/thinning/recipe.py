@@ -1,0 +1,131 @@
+"""Thinning recipes: plain-value records of removed channels, replayed on a fresh model.
+
+A recipe names, per module, the output and input indices removed from the freshly built
+model, and whether a bias was added to absorb a removed channel's constant output:
+
+    {"version": 1, "modules": {"layer1.0.conv1": {"type": "Conv2d", "sizes": [16, 16],
+                                                  "out": [3, 7], "in": [], "add_bias": false}}}
+
+Indices always refer to the freshly built model, so recipes compose (thinning twice) and a
+checkpoint's state_dict loads into `apply_thinning_recipe(build(...), recipe)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from compressor.errors import CheckpointError
+
+__all__ = ["RECIPE_VERSION", "THINNABLE", "apply_thinning_recipe", "compose_recipes",
+           "module_sizes", "is_depthwise"]
+
+RECIPE_VERSION = 1
+THINNABLE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.BatchNorm1d, nn.BatchNorm2d,
+             nn.BatchNorm3d)
+
+
+def is_depthwise(module: nn.Module) -> bool:
+    """A convolution with one filter per input channel (channels pass through it)."""
+    return (isinstance(module, nn.modules.conv._ConvNd) and module.groups > 1
+            and module.groups == module.in_channels == module.out_channels)
+
+
+def module_sizes(module: nn.Module) -> list[int]:
+    """[output size, input size] of a thinnable module (batch norm: [features, features])."""
+    if isinstance(module, nn.Linear):
+        return [module.out_features, module.in_features]
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return [module.out_channels, module.in_channels]
+    return [module.num_features, module.num_features]
+
+
+def _keep(size: int, removed: Sequence[int]) -> Tensor:
+    gone = set(int(i) for i in removed)
+    return torch.tensor([i for i in range(size) if i not in gone], dtype=torch.long)
+
+
+def _slice_param(module: nn.Module, name: str, dim: int, keep: Tensor) -> None:
+    tensor = getattr(module, name)
+    if tensor is None:
+        return
+    sliced = tensor.detach().index_select(dim, keep.to(tensor.device)).clone()
+    if isinstance(tensor, nn.Parameter):
+        setattr(module, name, nn.Parameter(sliced, requires_grad=tensor.requires_grad))
+    else:
+        setattr(module, name, sliced)
+
+
+def _thin_module(module: nn.Module, name: str, entry: dict[str, Any]) -> None:
+    sizes = module_sizes(module)
+    if list(entry.get("sizes", sizes)) != sizes:
+        raise CheckpointError(f"thinning recipe expects '{name}' of size {entry['sizes']}, the "
+                              f"model has {sizes}; rebuild with the checkpoint's arch and attrs")
+    if entry.get("add_bias") and getattr(module, "bias", None) is None:
+        weight = module.weight
+        module.bias = nn.Parameter(torch.zeros(sizes[0], dtype=weight.dtype,
+                                               device=weight.device))
+    keep_out = _keep(sizes[0], entry.get("out", ()))
+    keep_in = _keep(sizes[1], entry.get("in", ()))
+    if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        for attr in ("weight", "bias", "running_mean", "running_var"):
+            _slice_param(module, attr, 0, keep_out)
+        module.num_features = len(keep_out)
+        return
+    if isinstance(module, nn.Linear):
+        _slice_param(module, "weight", 0, keep_out)
+        _slice_param(module, "bias", 0, keep_out)
+        _slice_param(module, "weight", 1, keep_in)
+        module.out_features, module.in_features = len(keep_out), len(keep_in)
+        return
+    if is_depthwise(module):
+        if sorted(entry.get("in", ())) not in ([], sorted(entry.get("out", ()))):
+            raise CheckpointError(f"thinning recipe removes different inputs and outputs of the "
+                                  f"depthwise convolution '{name}'")
+        _slice_param(module, "weight", 0, keep_out)
+        _slice_param(module, "bias", 0, keep_out)
+        module.out_channels = module.in_channels = module.groups = len(keep_out)
+        return
+    if module.groups != 1:
+        raise CheckpointError(f"thinning recipe cannot thin the grouped convolution '{name}'")
+    _slice_param(module, "weight", 0, keep_out)
+    _slice_param(module, "bias", 0, keep_out)
+    _slice_param(module, "weight", 1, keep_in)
+    module.out_channels, module.in_channels = len(keep_out), len(keep_in)
+
+
+def apply_thinning_recipe(model: nn.Module, recipe: dict[str, Any]) -> nn.Module:
+    """Give a freshly built model the thinned shapes a recipe records (values: any)."""
+    if not isinstance(recipe, dict) or recipe.get("version") != RECIPE_VERSION:
+        raise CheckpointError("unsupported thinning recipe; re-run --thinnify with this version")
+    modules = dict(model.named_modules())
+    for name, entry in recipe.get("modules", {}).items():
+        module = modules.get(name)
+        if module is None or not isinstance(module, THINNABLE):
+            raise CheckpointError(f"thinning recipe names '{name}', which is not a thinnable "
+                                  f"module of this model; rebuild with the checkpoint's arch")
+        _thin_module(module, name, entry)
+    if isinstance(getattr(model, "model_attrs", None), dict):
+        model.model_attrs = {**model.model_attrs, "thinning": recipe}
+    return model
+
+
+def compose_recipes(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[str, Any]:
+    """One recipe equal to applying `first` and then `second` (indices of the thinned model)."""
+    if not first:
+        return second
+    merged = {name: {**entry, "out": list(entry.get("out", ())), "in": list(entry.get("in", ()))}
+              for name, entry in first["modules"].items()}
+    for name, entry in second["modules"].items():
+        base = merged.get(name)
+        if base is None:
+            merged[name] = entry
+            continue
+        for dim, key in enumerate(("out", "in")):
+            kept = _keep(base["sizes"][dim], base[key]).tolist()
+            base[key] = sorted(set(base[key]) | {kept[i] for i in entry.get(key, ())})
+        base["add_bias"] = bool(base.get("add_bias")) or bool(entry.get("add_bias"))
+    return {"version": RECIPE_VERSION, "modules": merged}

@@ -1,0 +1,270 @@
+"""thin_model: physically remove zeroed filters/channels and everything that depends on them.
+
+Torch-Pruning's dependency graph finds the coupled layers of every channel (batch norms,
+the next layers' inputs, residual additions that must stay aligned, the first linear layer
+after a flatten, concatenations). This module decides which channels are dead, folds the
+constant that a dead channel may still carry (a batch norm's shift) into the next layer, and
+records everything as a plain recipe that `apply_thinning_recipe` replays.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils import parametrize
+
+from compressor.errors import CompressorError, UsageError
+from compressor.losses import main_logits
+from compressor.thinning.recipe import (
+    RECIPE_VERSION,
+    THINNABLE,
+    apply_thinning_recipe,
+    compose_recipes,
+    is_depthwise,
+    module_sizes,
+)
+
+__all__ = ["thin_model", "remove_masks", "find_thinning"]
+
+CONV = nn.modules.conv._ConvNd
+CONST_TOL = 1e-7  # a dead channel's value must be the same everywhere, up to rounding
+
+
+def remove_masks(model: nn.Module) -> None:
+    """Bake every parametrization (pruning mask) into its plain tensor, in place."""
+    for module in list(model.modules()):
+        if parametrize.is_parametrized(module):
+            for name in list(module.parametrizations):
+                parametrize.remove_parametrizations(module, name, leave_parametrized=True)
+
+
+def _consumer_inputs(model: nn.Module, modules: Iterable[nn.Module], inputs: Tensor
+                     ) -> dict[nn.Module, Tensor]:
+    captured: dict[nn.Module, Tensor] = {}
+
+    def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
+        captured.setdefault(module, args[0].detach())
+
+    handles = [m.register_forward_pre_hook(hook) for m in set(modules)]
+    try:
+        with torch.no_grad():
+            model(inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+def _constant(x: Tensor, idx: int) -> float | None:
+    """The value of channel/feature `idx` if it is the same everywhere in x, else None."""
+    values = x[:, idx]
+    first = values.reshape(-1)[0]
+    scale = max(1.0, float(first.abs()))
+    return float(first) if float((values - first).abs().max()) <= CONST_TOL * scale else None
+
+
+def _zero_slices(module: nn.Module, idxs: list[int]) -> list[bool]:
+    """Whether each listed filter (row) of a layer is all zero (its bias becomes a constant)."""
+    weight = module.weight.detach()[idxs].flatten(1)
+    return (weight.abs().amax(dim=1) == 0).tolist()
+
+
+def _unused_roots(consumers: list[tuple[nn.Module, list[int], list[int]]]) -> set[int]:
+    """Roots whose every reader has an all-zero input slice (a pruned channel/column)."""
+    if any(is_depthwise(module) for module, _, _ in consumers):
+        return set()
+    unused = {r for _, _, rs in consumers for r in rs}
+    for module, idxs, rs in consumers:
+        columns = module.weight.detach().transpose(0, 1)[idxs].flatten(1)
+        zero = (columns.abs().amax(dim=1) == 0).tolist()
+        unused -= {r for r, z in zip(rs, zero, strict=True) if not z}
+    return unused
+
+
+def _is_unpadded(module: nn.Module) -> bool:
+    return isinstance(module, nn.Linear) or all(p == 0 for p in module.padding)
+
+
+class _Plan:
+    """Removed indices and bias folds per module, built group by group."""
+
+    def __init__(self) -> None:
+        self.removed: dict[nn.Module, dict[str, set[int]]] = {}
+        self.folds: list[tuple[nn.Module, list[int], list[float]]] = []
+
+    def remove(self, module: nn.Module, key: str, idxs: Iterable[int]) -> None:
+        entry = self.removed.setdefault(module, {"out": set(), "in": set()})
+        entry[key].update(int(i) for i in idxs)
+
+
+def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact: bool,
+                plan: _Plan) -> int:
+    """Add one dependency group's dead channels to the plan; returns how many were removed."""
+    items = []
+    for dep, idxs in group:
+        module = dep.target.module
+        if not isinstance(module, nn.Module) or type(module).__module__.startswith(
+                "torch_pruning"):
+            if type(module).__name__ == "_OutputOp":
+                return 0  # the channel reaches the model's output
+            if "Pad" in str(getattr(module, "_grad_fn", "")):
+                return 0  # a padding may shift channels (a zero-padded shortcut)
+            continue  # Torch-Pruning's stand-ins for functional ops need no change
+        if not isinstance(module, THINNABLE):
+            return 0  # a layer we do not know how to thin
+        if isinstance(module, CONV) and module.groups != 1 and not is_depthwise(module):
+            return 0
+        is_out = graph.is_out_channel_pruning_fn(dep.handler)
+        if max(idxs, default=-1) >= module_sizes(module)[0 if is_out else 1]:
+            return 0  # the traced coupling does not fit this layer: leave the group alone
+        items.append((module, is_out, list(idxs), list(_root_idxs(group, dep))))
+    producers = [(m, i, r) for m, out, i, r in items
+                 if out and isinstance(m, (CONV, nn.Linear)) and not is_depthwise(m)]
+    consumers = [(m, i, r) for m, out, i, r in items
+                 if not out and isinstance(m, (CONV, nn.Linear))]
+    if not producers or not consumers:
+        return 0
+    unused = _unused_roots(consumers)
+    dead = {r for _, _, rs in producers for r in rs}
+    for module, idxs, rs in producers:
+        dead -= {r for r, zero in zip(rs, _zero_slices(module, idxs), strict=True) if not zero}
+    dead -= unused
+    folds: dict[nn.Module, dict[int, float]] = {}
+    for module, idxs, rs in consumers:
+        x = captured.get(module)
+        for i, r in zip(idxs, rs, strict=True):
+            if r not in dead or r in unused:
+                continue
+            value = None if x is None else _constant(x, i)
+            if value is None or (value != 0.0 and is_depthwise(module)
+                                 and not _is_unpadded(module)):
+                dead.discard(r)  # not provably constant here: keep the channel
+            elif value != 0.0 and not is_depthwise(module):
+                if exact and not _is_unpadded(module):
+                    dead.discard(r)  # zero padding makes the constant position-dependent
+                else:
+                    folds.setdefault(module, {})[i] = value
+    dead |= unused
+    if not dead:
+        return 0
+    for module, is_out, idxs, rs in items:
+        chosen = [i for i, r in zip(idxs, rs, strict=True) if r in dead]
+        if is_depthwise(module):
+            plan.remove(module, "out", chosen)
+        else:
+            plan.remove(module, "out" if is_out else "in", chosen)
+    for module, by_idx in folds.items():
+        chosen = [i for i, r in zip(*_consumer_idxs(consumers, module), strict=True)
+                  if r in dead and i in by_idx]
+        plan.folds.append((module, chosen, [by_idx[i] for i in chosen]))
+    return len(dead)
+
+
+def _consumer_idxs(consumers: list[tuple[nn.Module, list[int], list[int]]], module: nn.Module
+                   ) -> tuple[list[int], list[int]]:
+    for m, idxs, rs in consumers:
+        if m is module:
+            return idxs, rs
+    return [], []
+
+
+def _root_idxs(group: Any, dep: Any) -> list[int]:
+    # Torch-Pruning keeps, per group item, the index of the root layer's channel it follows.
+    for item in group.items:
+        if item.dep is dep:
+            return list(item.root_idxs)
+    raise KeyError("dependency not in group")
+
+
+def _fold(module: nn.Module, idxs: list[int], values: list[float]) -> bool:
+    """Add the contribution of constant inputs to the bias; True when a bias was created."""
+    weight = module.weight.detach()
+    k = torch.tensor(values, dtype=weight.dtype, device=weight.device)
+    w = weight[:, idxs]
+    shift = w @ k if w.dim() == 2 else torch.einsum("oc...,c->o", w, k)
+    created = module.bias is None
+    if created:
+        module.bias = nn.Parameter(torch.zeros(weight.shape[0], dtype=weight.dtype,
+                                               device=weight.device))
+    with torch.no_grad():
+        module.bias.add_(shift)
+    return created
+
+
+def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
+                  ) -> tuple[dict[str, Any], int]:
+    """Fold dead channels' constants into `model` (in place) and return (recipe, channels)."""
+    try:
+        import torch_pruning as tp
+    except ImportError:
+        raise UsageError("thinning needs Torch-Pruning's dependency graph: "
+                         "pip install torch-pruning") from None
+
+    graph = tp.DependencyGraph().build_dependency(model, example_inputs=inputs, verbose=False)
+    groups = list(graph.get_all_groups(root_module_types=(CONV, nn.Linear)))
+    consumer_modules = [dep.target.module for g in groups for dep, _ in g
+                        if isinstance(dep.target.module, (CONV, nn.Linear))]
+    captured = _consumer_inputs(model, consumer_modules, inputs)
+    plan = _Plan()
+    removed = sum(_plan_group(g, graph, captured, exact, plan) for g in groups)
+    names = {module: name for name, module in model.named_modules()}
+    biased = {module for module, idxs, values in plan.folds if _fold(module, idxs, values)}
+    recipe_modules = {}
+    for module, entry in plan.removed.items():
+        recipe_modules[names[module]] = {
+            "type": type(module).__name__, "sizes": module_sizes(module),
+            "out": sorted(entry["out"]), "in": sorted(entry["in"]),
+            "add_bias": module in biased}
+    for module in biased - set(plan.removed):
+        recipe_modules[names[module]] = {"type": type(module).__name__,
+                                         "sizes": module_sizes(module), "out": [], "in": [],
+                                         "add_bias": True}
+    return {"version": RECIPE_VERSION, "modules": recipe_modules}, removed
+
+
+def thin_model(model: nn.Module, *, exact: bool = True, inputs: Tensor | None = None,
+               atol: float = 1e-5) -> dict[str, Any]:
+    """Remove zeroed filters/channels of `model` in place and return the composed recipe.
+
+    Masks are baked in first. A channel goes when every layer producing it has an all-zero
+    filter, or when every layer reading it has an all-zero input channel (column). The
+    constant a dead channel may still carry (a bias, a batch norm's shift) is folded into the
+    next layer's bias; where zero padding makes that inexact the channel is kept, unless
+    `exact=False` (then the interior value is folded, close to what Distiller's thinning did).
+    The result is checked against the original outputs on a random batch (eval mode).
+    """
+    remove_masks(model)
+    if inputs is None:
+        spec = getattr(model, "input_spec", None)
+        if spec is None:
+            raise UsageError("thin_model needs `inputs` for a model without an input_spec")
+        param = next(model.parameters())
+        inputs = torch.randn(2, *spec.input_size, device=param.device, dtype=param.dtype)
+    attrs = getattr(model, "model_attrs", None)
+    previous = attrs.get("thinning") if isinstance(attrs, dict) else None
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            reference = main_logits(model(inputs))
+        work = copy.deepcopy(model)  # folds and slices happen here; `model` stays intact
+        recipe, _ = find_thinning(work, inputs, exact)
+        apply_thinning_recipe(work, recipe)
+        with torch.no_grad():
+            error = float((main_logits(work(inputs)) - reference).abs().max())
+        if exact and error > atol * max(1.0, float(reference.abs().max())):
+            raise CompressorError(
+                f"thinning would change the model's outputs by {error:.3g}; this is a bug in "
+                f"compressor.thinning for this architecture, please report it")
+        apply_thinning_recipe(model, recipe)
+        model.load_state_dict(work.state_dict())
+    finally:
+        model.train(was_training)
+    composed = compose_recipes(previous, recipe)
+    if isinstance(attrs, dict):
+        model.model_attrs = {**attrs, "thinning": composed}
+    return composed

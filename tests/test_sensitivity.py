@@ -1,0 +1,62 @@
+"""Sensitivity analysis: per-layer pruning sweeps, CSV/PNG files, weights restored."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from compressor.errors import UsageError
+from compressor.models import create_model
+from compressor.sensitivity import prune_tensor, run_sensitivity, sensitivity_levels
+
+
+def test_levels_and_bad_range():
+    assert sensitivity_levels(0.0, 0.95, 0.1) == [round(0.1 * i, 6) for i in range(10)]
+    assert sensitivity_levels(0.4, 0.6, 0.1) == [0.4, 0.5]
+    with pytest.raises(UsageError, match="--sense-range"):
+        sensitivity_levels(0.5, 0.9, 0.0)
+
+
+def test_prune_tensor_kinds():
+    w = torch.arange(1, 1 + 4 * 3 * 2 * 2, dtype=torch.float).view(4, 3, 2, 2)
+    assert int((prune_tensor(w, "element", 0.5) == 0).sum()) == 24
+    filters = prune_tensor(w, "filter", 0.5)
+    assert (filters[:2] == 0).all() and (filters[2:] != 0).all()
+    channels = prune_tensor(w, "channel", 0.34)
+    assert (channels[:, 0] == 0).all() and (channels[:, 1:] != 0).all()
+
+
+@pytest.mark.parametrize("kind", ["element", "filter", "channel"])
+def test_run_sensitivity_writes_files(tmp_path, kind):
+    torch.manual_seed(0)
+    model = create_model("simplenet_digits", "digits", model_attrs={"width": 8}).eval()
+    x = torch.randn(64, 1, 8, 8)
+    with torch.no_grad():
+        labels = model(x).argmax(1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def evaluate(m):  # agreement with the unpruned model's predictions
+        with torch.no_grad():
+            out = m(x)
+        top1 = 100.0 * float((out.argmax(1) == labels).float().mean())
+        return {"top1": top1, "top5": top1, "loss": float(out.std())}
+
+    rows = run_sensitivity(model, evaluate, kind, [0.0, 0.9], tmp_path)
+    layers = 4 if kind == "element" else 3  # filter/channel ranking: convolutions only
+    assert len(rows) == 2 * layers
+    assert all(r["top1"] == 100.0 for r in rows if r["sparsity"] == 0.0)
+    assert min(r["top1"] for r in rows if r["sparsity"] == 0.9) < 100.0
+    with open(tmp_path / "sensitivity.csv") as handle:
+        read = list(csv.DictReader(handle))
+    assert [r["parameter"] for r in read][:2] == ["conv1.weight", "conv1.weight"]
+    assert float(read[1]["sparsity"]) == 0.9
+    assert (tmp_path / "sensitivity.png").read_bytes()[:4] == b"\x89PNG"
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_unknown_names_refused(tmp_path):
+    model = create_model("simplenet_digits", "digits", model_attrs={"width": 8})
+    with pytest.raises(UsageError, match="--summary modules"):
+        run_sensitivity(model, lambda m: {}, "element", [0.1], tmp_path, names=["nope.weight"])

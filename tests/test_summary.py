@@ -1,0 +1,83 @@
+"""Summaries and results metrics: per-layer tables, totals, MACs at each arch's input spec."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from compressor.errors import UsageError
+from compressor.metrics import count_macs, layer_costs, model_file_size, model_metrics
+from compressor.models import InputSpec, create_model, get_arch_spec
+from compressor.summary import print_summary
+
+
+class _Mask(nn.Module):
+    def __init__(self, mask: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mask", mask)
+
+    def forward(self, weight: torch.Tensor) -> torch.Tensor:
+        return weight * self.mask
+
+
+def test_simplenet_metrics_by_hand():
+    model = create_model("simplenet_mnist", "mnist")
+    with torch.no_grad():
+        model.fc1.weight[:250] = 0
+    metrics = model_metrics(model)
+    weights = 20 * 25 + 50 * 20 * 25 + 800 * 500 + 500 * 10
+    biases = 20 + 50 + 500 + 10
+    assert metrics["params"] == weights + biases
+    assert metrics["nonzero_params"] == weights + biases - 250 * 800
+    assert metrics["sparsity"] == pytest.approx(250 * 800 / weights)
+    # conv1 24x24x20 outputs of 25 MACs, conv2 8x8x50 of 500, fc1 500x800, fc2 10x500
+    assert metrics["macs"] == 24 * 24 * 20 * 25 + 8 * 8 * 50 * 500 + 500 * 800 + 10 * 500
+    assert metrics["model_file_size_compressed"] < metrics["model_file_size"]
+
+
+def test_masks_counted_under_plain_names():
+    model = create_model("resnet20_cifar", "cifar10")
+    conv = model.layer1[0].conv1
+    mask = torch.ones_like(conv.weight)
+    mask[:8] = 0
+    parametrize.register_parametrization(conv, "weight", _Mask(mask))
+    dense = create_model("resnet20_cifar", "cifar10")
+    metrics, dense_metrics = model_metrics(model), model_metrics(dense)
+    assert metrics["params"] == dense_metrics["params"]  # masks are not parameters
+    assert metrics["nonzero_params"] == dense_metrics["nonzero_params"] - 8 * 16 * 9
+    assert model_file_size(model)[0] == pytest.approx(model_file_size(dense)[0], rel=0.01)
+    table = print_summary(model, "sparsity")
+    row = next(line for line in table.splitlines() if "layer1.0.conv1.weight" in line)
+    assert "50.00" in row  # half of the filters and half of the elements are zero
+    assert "parametrizations" not in table
+    modules = print_summary(model, "modules")
+    assert "layer1.0.conv1 " in modules and "ParametrizedConv2d" not in modules
+
+
+def test_macs_at_the_models_own_input_spec():
+    assert get_arch_spec("inception_v3").input_spec("imagenet").input_size == (3, 299, 299)
+    small = create_model("resnet20_cifar", "cifar10")
+    spec = small.input_spec
+    big = create_model("resnet20_cifar", "cifar10", input_spec=InputSpec(
+        (3, 64, 64), 64, 64, spec.mean, spec.std))
+    assert layer_costs(big)[0].input_shape == (3, 64, 64)
+    assert count_macs(big) - big.fc.weight.numel() == 4 * (
+        count_macs(small) - small.fc.weight.numel())
+
+
+def test_resnet20_compute_table():
+    model = create_model("resnet20_cifar", "cifar10")
+    table = print_summary(model, "compute")
+    assert "layer2.0.downsample.0" in table and "16x32x32" in table
+    assert f"{count_macs(model):,}" in table
+    assert 40e6 < count_macs(model) < 41e6  # Distiller reports 40.8M for resnet20_cifar
+
+
+def test_model_summary_and_bad_kind():
+    model = create_model("simplenet_digits", "digits")
+    text = print_summary(model, "model")
+    assert "SimpleNetDigits" in text and "MACs" in text and "1x8x8" in text
+    with pytest.raises(UsageError, match="sparsity, compute, model, modules"):
+        print_summary(model, "png")
