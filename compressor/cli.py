@@ -7,6 +7,7 @@ import sys
 from typing import NoReturn
 
 from compressor.errors import UsageError
+from compressor.memory import MEMORY_VARIANTS
 
 __all__ = ["get_args_parser", "parse_args"]
 
@@ -56,7 +57,9 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pretrained", action="store_true",
                        help="start from torchvision's pretrained weights")
     group.add_argument("--memory-efficient", dest="memory_efficient", default=None,
-                       help="memory-efficient variant of the model (e.g. recompute, inplace-abn)")
+                       choices=MEMORY_VARIANTS,
+                       help="memory-efficient variant: recompute (activation checkpointing, "
+                            "efficient DenseNet) or inplace-abn (fused BN + leaky ReLU)")
 
 
 def _add_training_args(parser: argparse.ArgumentParser) -> None:

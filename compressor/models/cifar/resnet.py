@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from compressor.memory.inplace_abn import InPlaceABN
 from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
 
@@ -35,16 +36,22 @@ class BasicBlock(nn.Module):
         self.residual = residual
 
     def forward(self, x: Tensor) -> Tensor:
-        out = self.relu1(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
+        out = self.conv2(self.relu1(self.bn1(self.conv1(x))))
+        identity = None
         if self.residual:
             identity = x if self.downsample is None else self.downsample(x)
+        if isinstance(self.bn2, InPlaceABN):  # fuses bn2, the residual add and relu2
+            return self.relu2(self.bn2(out, identity))
+        out = self.bn2(out)
+        if identity is not None:
             out = out + identity
         return self.relu2(out)
 
 
 class ResNetCifar(nn.Module):
     """conv-bn-relu stem, three stages of 16/32/64 channels, global pooling and one FC layer."""
+
+    supports_inplace_abn = True  # each bn is applied right before its activation sibling
 
     def __init__(self, blocks_per_stage: int, num_classes: int, in_channels: int = 3,
                  residual: bool = True) -> None:

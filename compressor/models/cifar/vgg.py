@@ -38,6 +38,8 @@ def make_vgg_features(config: tuple[int | str, ...], in_channels: int,
 class VGGCifar(nn.Module):
     """VGG features on 32x32 inputs followed by a single linear classifier."""
 
+    supports_inplace_abn = True  # each bn is applied right before its activation sibling
+
     def __init__(self, features: nn.Sequential, num_classes: int) -> None:
         super().__init__()
         self.features = features

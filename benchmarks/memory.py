@@ -1,0 +1,259 @@
+"""Activation memory and step time of the memory-efficient variants, side by side with plain.
+
+    python benchmarks/memory.py [--device cpu|cuda] [--budget-gib 11] [--models ...]
+
+For each model, one table: saved-for-backward MiB of one training step (unique storages,
+parameters, buffers and the input excluded), MiB per sample, the largest batch that fits
+`--budget-gib` (CPU: from bytes per sample after weights, gradients and momentum; CUDA: by
+search under a memory cap), the step time (forward, backward, SGD step; the minimum over
+interleaved repeats, so that a busy machine disturbs every variant alike), and each as a
+ratio to the plain model measured in the same run. Never run by the tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import platform
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tabulate import tabulate
+from torch import Tensor, nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from compressor.losses import aux_logits, main_logits  # noqa: E402
+from compressor.memory import apply_memory_variant, measure_saved_bytes  # noqa: E402
+from compressor.memory.variants import supported_variants  # noqa: E402
+from compressor.models import create_model, get_arch_spec  # noqa: E402
+
+MIB = 2 ** 20
+DEFAULT_MODELS = ("densenet_bc_100_cifar", "resnet56_cifar", "vgg16_bn_cifar", "resnet50",
+                  "inception_v3")
+# (model, variant, metric, limit): the issue's targets, checked at the end of a run.
+TARGETS = (
+    ("densenet_bc_100_cifar", "recompute", "saved", 0.30),
+    ("densenet_bc_100_cifar", "recompute", "time", 1.30),
+    ("vgg16_bn_cifar", "inplace-abn", "saved", 0.60),
+    ("vgg16_bn_cifar", "inplace-abn", "batch", 1.60),
+    ("vgg16_bn_cifar", "inplace-abn", "time", 1.15),
+    ("resnet56_cifar", "inplace-abn", "saved", 0.75),
+    ("resnet56_cifar", "inplace-abn", "time", 1.15),
+    ("resnet56_cifar", "recompute", "saved", 0.50),
+    ("resnet56_cifar", "recompute", "time", 1.35),
+)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line options of the benchmark."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    parser.add_argument("--batch-size", type=int, default=64, help="batch of the CIFAR models")
+    parser.add_argument("--imagenet-batch-size", type=int, default=2,
+                        help="batch of the ImageNet models (resnet50, inception_v3)")
+    parser.add_argument("--budget-gib", type=float, default=11.0,
+                        help="memory budget for the largest-batch column (GiB)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed steps per variant")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--clock", default="wall", choices=("wall", "cpu"),
+                        help="step time as wall-clock time, or as this process's CPU time "
+                             "(steadier on a shared machine; use with --threads 1)")
+    parser.add_argument("--no-torchvision-efficient", action="store_true",
+                        help="skip the torchvision memory_efficient DenseNet comparison row")
+    return parser.parse_args(argv)
+
+
+def training_loss(output: Any, target: Tensor) -> Tensor:
+    """Cross-entropy on the main head plus 0.4 x each auxiliary head."""
+    loss = F.cross_entropy(main_logits(output), target)
+    for head in aux_logits(output):
+        loss = loss + 0.4 * F.cross_entropy(head, target)
+    return loss
+
+
+def build_variants(arch: str, with_torchvision: bool) -> dict[str, nn.Module]:
+    """The plain model and each of its memory variants, all with the plain model's weights."""
+    spec = get_arch_spec(arch)
+    plain = create_model(arch, spec.default_dataset)
+    models = {"plain": plain}
+    for variant in supported_variants(plain, spec):
+        models[variant] = apply_memory_variant(copy.deepcopy(plain), spec, variant)
+    if with_torchvision and arch.startswith("densenet"):
+        # torchvision's memory_efficient: bottleneck-only recomputation (double BN update).
+        reference = copy.deepcopy(plain)
+        for module in reference.modules():
+            if hasattr(module, "memory_efficient"):
+                module.memory_efficient = True
+        models["torchvision-efficient"] = reference
+    return models
+
+
+def make_step(model: nn.Module, x: Tensor, target: Tensor) -> Callable[[], None]:
+    """One SGD training step of `model` on (x, target)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        training_loss(model(x), target).backward()
+        optimizer.step()
+
+    return step
+
+
+def timed(step: Callable[[], None], device: torch.device, clock: str) -> float:
+    """Seconds that one call of `step` takes, by the wall clock or in process CPU time."""
+    now = time.process_time if clock == "cpu" and device.type == "cpu" else time.perf_counter
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = now()
+    step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return now() - start
+
+
+def static_bytes(model: nn.Module) -> int:
+    """Weights, gradients and SGD momentum: what a step needs besides activations."""
+    return 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def fits_on_cuda(model: nn.Module, shape: tuple[int, ...], batch: int, classes: int) -> bool:
+    """Whether one training step at `batch` runs without running out of CUDA memory."""
+    try:
+        x = torch.randn(batch, *shape, device="cuda")
+        target = torch.randint(0, classes, (batch,), device="cuda")
+        training_loss(model(x), target).backward()
+        model.zero_grad(set_to_none=True)
+        return True
+    except torch.OutOfMemoryError:
+        model.zero_grad(set_to_none=True)
+        return False
+    finally:
+        torch.cuda.empty_cache()
+
+
+def largest_cuda_batch(model: nn.Module, shape: tuple[int, ...], classes: int,
+                       guess: int) -> int:
+    """Binary search for the largest batch whose step fits (under the process memory cap)."""
+    low, high = 0, max(guess, 1)
+    while fits_on_cuda(model, shape, high, classes):
+        low, high = high, high * 2
+    while high - low > max(1, low // 50):  # 2% resolution
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits_on_cuda(model, shape, middle, classes) else (low,
+                                                                                        middle)
+    return low
+
+
+def bench_model(arch: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Measure every variant of `arch`; returns one row per variant."""
+    spec = get_arch_spec(arch)
+    shape = spec.input_spec(spec.default_dataset).input_size
+    classes = spec.num_classes(spec.default_dataset)
+    batch = args.batch_size if shape[-1] <= 64 else args.imagenet_batch_size
+    torch.manual_seed(0)
+    models = {name: m.to(device).train() for name, m in
+              build_variants(arch, not args.no_torchvision_efficient).items()}
+    x = torch.randn(batch, *shape, device=device)
+    target = torch.randint(0, classes, (batch,), device=device)
+    rows = []
+    for name, model in models.items():
+        report = measure_saved_bytes(model, x, loss_fn=lambda out: training_loss(out, target))
+        model.zero_grad(set_to_none=True)
+        rows.append({"variant": name, "saved": report.saved_bytes,
+                     "per_sample": report.bytes_per_sample, "peak": report.peak_bytes,
+                     "static": static_bytes(model)})
+    steps = {name: make_step(model, x, target) for name, model in models.items()}
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(args.repeats):
+        for name, step in steps.items():  # interleaved: load changes hit all variants
+            times[name].append(timed(step, device, args.clock))
+    budget = int(args.budget_gib * 2 ** 30)
+    for row in rows:
+        row["time"] = min(times[row["variant"]])
+        if device.type == "cuda":
+            model = models[row["variant"]]
+            guess = max(1, int((budget - row["static"]) / max(row["per_sample"], 1)))
+            row["max_batch"] = largest_cuda_batch(model, shape, classes, guess)
+        else:
+            row["max_batch"] = max(0, int((budget - row["static"]) // row["per_sample"]))
+    return rows
+
+
+def print_table(arch: str, rows: list[dict], batch: int, device: torch.device) -> None:
+    """One table per model, ratios against the plain row."""
+    base = rows[0]
+    table = []
+    for row in rows:
+        line = [row["variant"], f"{row['saved'] / MIB:.1f}", f"{row['saved'] / base['saved']:.3f}",
+                f"{row['per_sample'] / MIB:.2f}", row["max_batch"],
+                f"{row['max_batch'] / max(base['max_batch'], 1):.2f}",
+                f"{row['time'] * 1000:.0f}", f"{row['time'] / base['time']:.2f}"]
+        if device.type == "cuda":
+            line += [f"{row['peak'] / MIB:.1f}", f"{row['peak'] / base['peak']:.3f}"]
+        table.append(line)
+    headers = ["variant", "saved MiB", "x plain", "MiB/sample", "max batch", "x plain",
+               "step ms", "x plain"]
+    if device.type == "cuda":
+        headers += ["peak MiB", "x plain"]
+    print(f"\n{arch} (batch {batch}, {device.type})")
+    print(tabulate(table, headers=headers, disable_numparse=True))
+
+
+def check_targets(results: dict[str, list[dict]]) -> list[str]:
+    """One line per target of the issue: the measured ratio and whether it meets the limit."""
+    lines = []
+    for arch, variant, metric, limit in TARGETS:
+        rows = {row["variant"]: row for row in results.get(arch, [])}
+        if variant not in rows:
+            continue
+        row, base = rows[variant], rows["plain"]
+        if metric == "batch":
+            value = row["max_batch"] / max(base["max_batch"], 1)
+            ok = value >= limit
+            text = f">= {limit:.2f}"
+        else:
+            key = "saved" if metric == "saved" else "time"
+            value = row[key] / base[key]
+            ok = value <= limit
+            text = f"<= {limit:.2f}"
+        lines.append(f"{'meets' if ok else 'MISSES'}  {arch} {variant} {metric} ratio "
+                     f"{value:.3f} (target {text})")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark and print the tables and the targets."""
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.budget_gib * 2 ** 30 / total))
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+          f"{torch.get_num_threads()} threads, device {device}, budget {args.budget_gib} GiB, "
+          f"{args.clock} clock, min of {args.repeats} interleaved steps")
+    print("command: python " + " ".join(sys.argv))
+    results = {}
+    started = time.perf_counter()
+    for arch in args.models:
+        results[arch] = bench_model(arch, args, device)
+        shape = get_arch_spec(arch).input_spec(get_arch_spec(arch).default_dataset).input_size
+        batch = args.batch_size if shape[-1] <= 64 else args.imagenet_batch_size
+        print_table(arch, results[arch], batch, device)
+    print(f"\ntargets ({time.perf_counter() - started:.0f} s):")
+    for line in check_targets(results):
+        print("  " + line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

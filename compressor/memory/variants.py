@@ -1,0 +1,62 @@
+"""One switch for the memory-efficient variants of a registered architecture."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from compressor.errors import UsageError
+from compressor.memory.checkpointing import enable_checkpointing
+from compressor.memory.dense import is_dense_layer, make_densenet_efficient
+from compressor.memory.inplace_abn import convert_to_inplace_abn
+
+if TYPE_CHECKING:
+    from compressor.models.registry import ArchSpec
+
+__all__ = ["MEMORY_VARIANTS", "apply_memory_variant", "supported_variants"]
+
+# "recompute": activation checkpointing of the registry's checkpoint_blocks (for DenseNets,
+# the efficient bottleneck recomputation); "inplace-abn": BN + activation fused in place.
+MEMORY_VARIANTS = ("recompute", "inplace-abn")
+
+
+def _has_dense_layers(model: nn.Module) -> bool:
+    return any(is_dense_layer(m) for m in model.modules())
+
+
+def supported_variants(model: nn.Module, arch_spec: ArchSpec) -> tuple[str, ...]:
+    """The memory variants that `model` (built from `arch_spec`) can be turned into."""
+    variants = []
+    if arch_spec.checkpoint_blocks or _has_dense_layers(model):
+        variants.append("recompute")
+    if getattr(model, "supports_inplace_abn", False) and any(
+            isinstance(m, nn.BatchNorm2d) for m in model.modules()):
+        variants.append("inplace-abn")
+    return tuple(variants)
+
+
+def apply_memory_variant(model: nn.Module, arch_spec: ArchSpec, variant: str) -> nn.Module:
+    """Turn `model` into its memory-efficient `variant`, in place, and return it.
+
+    Parameter and buffer names are kept, so a plain checkpoint loads into the variant and a
+    variant's checkpoint into the plain model. A variant computes the same function with the
+    same gradients and batch-norm statistics as the plain model; the one exception is that
+    in-place ABN needs an invertible activation and so turns ReLU into leaky ReLU (0.01).
+    """
+    if variant not in MEMORY_VARIANTS:
+        raise UsageError(f"unknown memory-efficient variant '{variant}'; "
+                         f"use one of: {', '.join(MEMORY_VARIANTS)}")
+    if variant not in supported_variants(model, arch_spec):
+        supported = ", ".join(supported_variants(model, arch_spec)) or "none"
+        raise UsageError(f"architecture '{arch_spec.name}' has no '{variant}' variant "
+                         f"(supported: {supported}); drop --memory-efficient or pick another")
+    if variant == "recompute":
+        if _has_dense_layers(model):
+            make_densenet_efficient(model)
+        else:
+            enable_checkpointing(model, arch_spec.checkpoint_blocks)
+    else:
+        convert_to_inplace_abn(model)
+    model.memory_variant = variant
+    return model
