@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import statistics
 import subprocess
 import sys
@@ -40,8 +41,9 @@ def plain_epoch_seconds(args: argparse.Namespace) -> float:
                                          num_workers=args.workers)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
     model.train()
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
     for _ in range(2):  # the first epoch warms up allocator and kernels, as in the CLI run
-        start = time.perf_counter()
+        start = clock()
         total_loss, correct, seen = 0.0, 0, 0
         for inputs, target in loader:
             output = model(inputs)
@@ -52,15 +54,16 @@ def plain_epoch_seconds(args: argparse.Namespace) -> float:
             total_loss += loss.item() * target.shape[0]
             correct += int((output.argmax(1) == target).sum())
             seen += target.shape[0]
-    return time.perf_counter() - start
+    return clock() - start
 
 
 def plain_epoch_in_subprocess(args: argparse.Namespace) -> float:
     """plain_epoch_seconds in a fresh process, started like the CLI run it is compared with."""
     command = [sys.executable, __file__, "--plain-worker", "--arch", args.arch, "--dataset",
                args.dataset, "-b", str(args.batch_size), "-j", str(args.workers),
-               "--etrs", str(args.etrs)]
-    done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT)
+               "--etrs", str(args.etrs), "--clock", args.clock]
+    done = subprocess.run(command, check=True, capture_output=True, text=True, cwd=ROOT,
+                          env=_env(args))
     return float(done.stdout.strip().splitlines()[-1])
 
 
@@ -72,9 +75,17 @@ def framework_epoch_seconds(args: argparse.Namespace, out_dir: Path, index: int)
                "-p", "0", "--cpu", "--seed", "0", "-o", str(out_dir), "-n", f"run{index}"]
     if args.compress:
         command += ["--compress", args.compress]
-    subprocess.run(command, check=True, capture_output=True, cwd=ROOT)
+    subprocess.run(command, check=True, capture_output=True, cwd=ROOT, env=_env(args))
+    column = "train_cpu_time" if args.clock == "cpu" else "train_time"
     with open(out_dir / f"run{index}" / "metrics.csv") as handle:
-        return float(list(csv.DictReader(handle))[-1]["train_time"])
+        return float(list(csv.DictReader(handle))[-1][column])
+
+
+def _env(args: argparse.Namespace) -> dict[str, str]:
+    env = dict(os.environ)
+    if args.threads:
+        env["OMP_NUM_THREADS"] = str(args.threads)
+    return env
 
 
 def main() -> None:
@@ -87,6 +98,9 @@ def main() -> None:
     parser.add_argument("--etrs", type=float, default=0.5, help="fraction of 1024 samples")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--compress", default=None, help="schedule for the framework run")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: process CPU time, robust on a shared machine (with --threads 1)")
+    parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for both runs")
     parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_worker:
@@ -102,7 +116,7 @@ def main() -> None:
             ["compress_classifier.py" + (" --compress" if args.compress else ""),
              f"{framework_s:.3f}", f"{framework_s / plain_s:.3f}"]]
     print(f"{args.arch} on {args.dataset}, batch {args.batch_size}, "
-          f"{int(1024 * args.etrs)} samples, median of {args.repeats}")
+          f"{int(1024 * args.etrs)} samples, median of {args.repeats}, {args.clock} clock")
     print(tabulate(rows, headers=["one training epoch", "seconds", "ratio"], tablefmt="github"))
 
 

@@ -98,12 +98,12 @@ def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
                     optimizer: torch.optim.Optimizer, device: torch.device, epoch: int,
                     hooks: TrainHooks | None = None, print_freq: int = 0,
                     reduce: Reduce | None = None) -> dict[str, float]:
-    """Train for one epoch; returns loss, top1, top5 (main head), samples and seconds."""
+    """Train for one epoch; returns loss, top1, top5 (main head), samples, wall and CPU seconds."""
     hooks = hooks or NoHooks()
     model.train()
     sums = MetricSums(device)
     batches = len(loader)  # type: ignore[arg-type]
-    start = time.perf_counter()
+    start, start_cpu = time.perf_counter(), time.process_time()
     for batch_idx, batch in enumerate(_progress(loader, f"epoch {epoch}")):
         inputs, target = _to_device(batch, device)
         hooks.on_minibatch_begin(epoch, batch_idx, batches)
@@ -121,6 +121,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
             LOG.info("epoch %d [%d/%d] loss %.4f", epoch, batch_idx + 1, batches, loss.item())
     metrics = sums.result(reduce)
     metrics["time"] = time.perf_counter() - start
+    metrics["cpu_time"] = time.process_time() - start_cpu
     return metrics
 
 

@@ -133,7 +133,8 @@ def run_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, mo
             compression.on_epoch_end(epoch, val)
         row = {"epoch": epoch, "lr": lr, "train_loss": train["loss"], "train_top1": train["top1"],
                "train_top5": train["top5"], "val_loss": val["loss"], "val_top1": val["top1"],
-               "val_top5": val["top5"], "train_time": round(train["time"], 3)}
+               "val_top5": val["top5"], "train_time": round(train["time"], 3),
+               "train_cpu_time": round(train["cpu_time"], 3)}
         state.history.append(row)
         is_best = val["top1"] > state.best_top1
         if is_best:
