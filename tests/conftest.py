@@ -5,9 +5,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,6 +49,15 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str)
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One intra-op thread: on a shared 2-core machine, OpenMP threads spin-wait for each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture

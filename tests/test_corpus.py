@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import io
+import math
 import re
 import subprocess
 import sys
@@ -12,10 +13,11 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 import yaml
 
+from compressor.engine import train_one_epoch
 from compressor.errors import ScheduleError
+from compressor.losses import cross_entropy
 from compressor.models.registry import create_model, list_archs
 from compressor.pruning import LevelPruner, sparsity
 from compressor.schedule import QUANTIZER_CLASSES, load_schedule
@@ -95,22 +97,13 @@ def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> No
     batches, batch_size = (1, 2 if has_bn1d else 1) if imagenet else (2, 2)
     params_before = sum(p.numel() for p in model.parameters())
     torch.manual_seed(1)
+    data = [(torch.randn(batch_size, *model.input_spec.input_size),
+             torch.randint(0, model.num_classes, (batch_size,))) for _ in range(batches)]
     sched.on_epoch_begin(epoch)
-    model.train()
-    for batch in range(batches):
-        x = torch.randn(batch_size, *model.input_spec.input_size)
-        y = torch.randint(0, model.num_classes, (batch_size,))
-        sched.on_minibatch_begin(epoch, batch, batches)
-        output = model(x)
-        loss = F.cross_entropy(output if torch.is_tensor(output) else output[0], y)
-        extra = sched.before_backward_pass(epoch, batch, batches, loss)
-        optimizer.zero_grad()
-        (loss if extra is None else loss + extra).backward()
-        sched.before_parameter_optimization(epoch, batch, batches)
-        optimizer.step()
-        sched.on_minibatch_end(epoch, batch, batches)
-        assert torch.isfinite(loss)
-    sched.on_epoch_end(epoch, {"loss": float(loss.detach()), "top1": 0.0})
+    metrics = train_one_epoch(model, data, cross_entropy, optimizer, torch.device("cpu"), epoch,
+                              hooks=sched)
+    assert math.isfinite(metrics["loss"])
+    sched.on_epoch_end(epoch, {"loss": metrics["loss"], "top1": 0.0})
 
     active = [p for p in sched.policies if epoch in p.window.epochs]
     if any(isinstance(p, ExtensionPolicy) for p in active):

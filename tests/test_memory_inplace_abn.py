@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -28,13 +27,7 @@ IABN_ARCHS = ["resnet20_cifar", "plain20_cifar", "resnet56_cifar", "vgg11_bn_cif
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine, OpenMP threads spin-wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 @pytest.mark.parametrize("activation,param", ACTIVATIONS)
 @pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])

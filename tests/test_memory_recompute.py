@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -39,13 +38,7 @@ REQUIRED = {"resnet56_cifar", "vgg16_bn_cifar", "resnet50", "mobilenet_v2", "inc
 
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread() -> Iterator[None]:
-    """One intra-op thread: on a shared 2-core machine, OpenMP threads spin-wait for each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 def _plain(arch: str, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, torch.Tensor]:
     """A plain model and a small batch for it (Inception without its aux head at 75x75)."""

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compressor.engine import train_one_epoch
+from compressor.losses import cross_entropy
 from compressor.pruning import agp_sparsity, element_mask, sparsity
 from compressor.pruning.base import PruneStep
 from compressor.schedule import build_scheduler
@@ -51,19 +53,11 @@ def run_schedule(model: nn.Module, doc: dict, epochs: int, batches: int = 2, lr:
     scheduler = scheduler or build_scheduler(doc, model, optimizer, source="test.yaml")
     for epoch in range(start, epochs):
         gen = torch.Generator().manual_seed(seed * 1000 + epoch)
+        data = [(torch.randn(4, 3, 8, 8, generator=gen), torch.randint(0, 4, (4,), generator=gen))
+                for _ in range(batches)]
         scheduler.on_epoch_begin(epoch)
-        model.train()
-        for batch in range(batches):
-            x = torch.randn(4, 3, 8, 8, generator=gen)
-            y = torch.randint(0, 4, (4,), generator=gen)
-            scheduler.on_minibatch_begin(epoch, batch, batches)
-            loss = F.cross_entropy(model(x), y)
-            extra = scheduler.before_backward_pass(epoch, batch, batches, loss)
-            optimizer.zero_grad()
-            (loss if extra is None else loss + extra).backward()
-            scheduler.before_parameter_optimization(epoch, batch, batches)
-            optimizer.step()
-            scheduler.on_minibatch_end(epoch, batch, batches)
+        train_one_epoch(model, data, cross_entropy, optimizer, torch.device("cpu"), epoch,
+                        hooks=scheduler)
         scheduler.on_epoch_end(epoch, {"loss": 1.0, "top1": 50.0})
     return scheduler, optimizer
 
