@@ -33,6 +33,7 @@ from compressor.model_builder import build_model  # noqa: E402
 from compressor.models.input_spec import InputSpec  # noqa: E402
 
 ARCHS = ("resnet20_cifar", "simplenet_mnist")
+CONFIGS = ("agp80", "agp90", "filters50")  # besides the dense baseline, always run
 
 
 def _prunable(arch: str) -> tuple[list[str], list[str]]:
@@ -82,6 +83,7 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
     log = out / "runs.log"
     runs = {"dense": (), "agp80": ("agp", element, 0.8), "agp90": ("agp", element, 0.9),
             "filters50": ("filters", filters, 0.5)}
+    runs = {name: spec for name, spec in runs.items() if name == "dense" or name in args.configs}
     finals: dict[str, Path] = {}
     for name, spec in runs.items():
         run = f"{arch}-{name}"
@@ -93,6 +95,8 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
                 extra = ("--compress", str(yaml_path))
             _cli(*common, *extra, "-n", run, log=log)
         finals[name] = out / run / "checkpoint.pth.tar"
+    if "filters50" not in runs:
+        return finals
     thin = f"{arch}-filters50-thin"
     if not (out / thin / "results.json").exists():
         _cli("--resume-from", str(finals["filters50"]), "--thinnify", args.data, "-j",
@@ -157,6 +161,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", help="Fashion-MNIST directory (the four IDX .gz files)")
     parser.add_argument("--archs", nargs="+", default=list(ARCHS))
+    parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=CONFIGS,
+                        help="configurations to run besides the dense baseline")
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--etrs", type=float, default=1.0, help="fraction of training data")
     parser.add_argument("--etes", type=float, default=1.0, help="fraction of test data")

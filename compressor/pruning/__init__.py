@@ -14,12 +14,13 @@ from compressor.pruning.structured import (
     BernoulliFilterPruner,
     RandomLevelStructureParameterPruner,
     RankedStructurePruner,
+    StructurePruner,
 )
 
 __all__ = [
     "Pruner", "LevelPruner", "PruneStep", "agp_sparsity", "GROUP_TYPES", "element_mask",
     "group_norms", "sparsity", "MagnitudeParameterPruner", "SparsityLevelParameterPruner",
-    "AutomatedGradualPruner", "SensitivityPruner", "SplicingPruner", "RankedStructurePruner",
-    "RandomLevelStructureParameterPruner", "BernoulliFilterPruner",
+    "AutomatedGradualPruner", "SensitivityPruner", "SplicingPruner", "StructurePruner",
+    "RankedStructurePruner", "RandomLevelStructureParameterPruner", "BernoulliFilterPruner",
     "ActivationAPoZRankedFilterPruner",
 ]

@@ -12,7 +12,6 @@ from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
 from compressor.pruning.base import PruneStep
-from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import expand_group_mask, group_mask_from_scores, group_norms
 from compressor.pruning.structured import RankedStructurePruner
 
@@ -40,10 +39,7 @@ class ActivationAPoZRankedFilterPruner(RankedStructurePruner):
     def attach(self, model: nn.Module) -> None:
         """Hook the module whose output feeds each layer's ReLU."""
         layers = [weight.rsplit(".", 1)[0] for weight in self.weights]
-        try:
-            bn_of = following_batchnorms(model, layers)
-        except ValueError:
-            bn_of = dict.fromkeys(layers)
+        bn_of = self.batchnorms(model)
         for weight, layer in zip(self.weights, layers, strict=True):
             observed = bn_of.get(layer) or layer
             hook = self._make_hook(weight)
@@ -75,7 +71,7 @@ class ActivationAPoZRankedFilterPruner(RankedStructurePruner):
         apoz = self.zeros[name] / self.counts[name]
         return (1.0 - apoz).float().to(weight.device)
 
-    def compute_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
+    def group_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
         """Rank by APoZ, then start counting afresh for the next computation."""
         level = self.level(step)
         missing = [name for name in self.weights if name not in self.counts]

@@ -3,6 +3,7 @@ fixed level or on AGP's schedule, optionally sharing one ranking (Leader); rando
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -13,11 +14,79 @@ from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import expand_group_mask, group_mask_from_scores, group_norms
 
 __all__ = [
-    "RankedStructurePruner", "RandomLevelStructureParameterPruner", "BernoulliFilterPruner",
+    "StructurePruner", "RankedStructurePruner", "RandomLevelStructureParameterPruner",
+    "BernoulliFilterPruner", "OUTPUT_GROUPS",
 ]
 
+LOG = logging.getLogger("compressor")
 
-class RankedStructurePruner(LevelPruner):
+# Group types whose groups are a layer's outputs (conv filters, linear rows).
+OUTPUT_GROUPS = ("Filters", "3D", "Rows")
+
+
+class StructurePruner(LevelPruner):
+    """A level pruner over structure groups; pruning a layer's outputs silences them entirely.
+
+    A filter whose weights are zero still emits a constant: the layer's bias, or the shift of
+    the batch norm that follows it. So with filter (row) groups the same output channels of
+    the layer's bias and of the following batch norm's weight and bias are masked too, as
+    Distiller's and Torch-Pruning's filter removal do; the channel then carries exact zeros,
+    and thinning can remove it without changing the model's outputs.
+    """
+
+    def __init__(self, name: str, weights: Sequence[str], *, group_type: str,
+                 block_shape: Sequence[int] = (1, 1, 1, 1), level: float | None = None,
+                 initial_sparsity: float | None = None, final_sparsity: float | None = None
+                 ) -> None:
+        super().__init__(name, weights, level=level, initial_sparsity=initial_sparsity,
+                         final_sparsity=final_sparsity)
+        self.group_type = group_type
+        self.block_shape = tuple(block_shape)
+        self._bn_of: dict[str, str | None] | None = None
+
+    def batchnorms(self, model: nn.Module) -> dict[str, str | None]:
+        """Layer name -> the batch norm that alone reads its output (traced once, then cached)."""
+        if self._bn_of is None:
+            layers = [weight.rsplit(".", 1)[0] for weight in self.weights]
+            try:
+                self._bn_of = following_batchnorms(model, layers)
+            except ValueError as exc:
+                LOG.warning("%s: %s; batch norms after pruned filters are left unmasked",
+                            self.name, exc)
+                self._bn_of = dict.fromkeys(layers)
+        return self._bn_of
+
+    def compute_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
+        """The group masks, plus the masks of what pruned outputs would still carry."""
+        masks = self.group_masks(params, step)
+        if self.group_type in OUTPUT_GROUPS and step.model is not None:
+            masks.update(self.output_masks(masks, params, step.model))
+        return masks
+
+    def group_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
+        """One mask per weight, over its groups."""
+        return super().compute_masks(params, step)
+
+    def output_masks(self, masks: Mapping[str, Tensor], params: Mapping[str, Tensor],
+                     model: nn.Module) -> dict[str, Tensor]:
+        """Masks for the bias and the following batch norm of each layer's pruned outputs."""
+        bn_of = self.batchnorms(model)
+        coupled: dict[str, Tensor] = {}
+        for name in self.weights:
+            layer = name.rsplit(".", 1)[0]
+            keep = masks[name].detach().flatten(1).amax(dim=1)  # 1 where a filter survives
+            targets = [f"{layer}.bias"]
+            bn = bn_of.get(layer)
+            if bn is not None:
+                targets += [f"{bn}.weight", f"{bn}.bias"]
+            for key in targets:
+                param = params.get(key)
+                if param is not None and param.shape == keep.shape:
+                    coupled[key] = keep.to(param.device, param.dtype)
+        return coupled
+
+
+class RankedStructurePruner(StructurePruner):
     """Drop the `level` fraction of groups with the lowest scores (L1 or L2 norm by default).
 
     With group_dependency 'Leader' the first weight is ranked and its choice of groups is applied
@@ -30,13 +99,11 @@ class RankedStructurePruner(LevelPruner):
                  group_dependency: str | None = None, block_shape: Sequence[int] = (1, 1, 1, 1),
                  level: float | None = None, initial_sparsity: float | None = None,
                  final_sparsity: float | None = None) -> None:
-        super().__init__(name, weights, level=level, initial_sparsity=initial_sparsity,
+        super().__init__(name, weights, group_type=group_type, block_shape=block_shape,
+                         level=level, initial_sparsity=initial_sparsity,
                          final_sparsity=final_sparsity)
-        self.group_type = group_type
         self.norm = norm
         self.group_dependency = group_dependency
-        self.block_shape = tuple(block_shape)
-        self._bn_of: dict[str, str | None] | None = None
 
     def scores(self, name: str, weight: Tensor, step: PruneStep) -> Tensor:
         """One score per group; low scores are pruned first."""
@@ -46,10 +113,7 @@ class RankedStructurePruner(LevelPruner):
         return scores
 
     def _bn_scale(self, name: str, model: nn.Module) -> Tensor:
-        if self._bn_of is None:
-            layers = [weight.rsplit(".", 1)[0] for weight in self.weights]
-            self._bn_of = following_batchnorms(model, layers)
-        bn_name = self._bn_of.get(name.rsplit(".", 1)[0])
+        bn_name = self.batchnorms(model).get(name.rsplit(".", 1)[0])
         if bn_name is None:
             raise ValueError(f"fold_batchnorm: no batch norm follows '{name}'")
         bn = model.get_submodule(bn_name)
@@ -57,10 +121,10 @@ class RankedStructurePruner(LevelPruner):
         gamma = bn.weight.detach() if bn.weight is not None else 1.0
         return (gamma / torch.sqrt(bn.running_var + bn.eps)).abs().float()
 
-    def compute_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
+    def group_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
         """Rank and mask each weight, or all of them by the leader's ranking."""
         if self.group_dependency != "Leader":
-            return super().compute_masks(params, step)
+            return super().group_masks(params, step)
         level = self.level(step)
         leader = self.weights[0]
         keep = group_mask_from_scores(self.scores(leader, params[leader], step), level)
@@ -94,15 +158,14 @@ class RandomLevelStructureParameterPruner(RankedStructurePruner):
         return f"U({self.low:.2f},{self.high:.2f})"
 
 
-class BernoulliFilterPruner(LevelPruner):
+class BernoulliFilterPruner(StructurePruner):
     """Drop each group independently with probability `level` (DropFilter-style regularization)."""
 
     def __init__(self, name: str, weights: Sequence[str], *, group_type: str = "Filters",
                  level: float | None = None, initial_sparsity: float | None = None,
                  final_sparsity: float | None = None) -> None:
-        super().__init__(name, weights, level=level, initial_sparsity=initial_sparsity,
-                         final_sparsity=final_sparsity)
-        self.group_type = group_type
+        super().__init__(name, weights, group_type=group_type, level=level,
+                         initial_sparsity=initial_sparsity, final_sparsity=final_sparsity)
 
     def mask_for_level(self, name: str, weight: Tensor, level: float, step: PruneStep) -> Tensor:
         """A Bernoulli(1 - level) keep-mask over the groups."""
