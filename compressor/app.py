@@ -133,32 +133,32 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_of(setup: RunSetup, test: dict[str, float]) -> dict[str, Any]:
+    """epoch and best top-1 of the evaluated checkpoint (of this evaluation when there is none)."""
+    checkpoint = setup.checkpoint or {}
+    epoch = int(checkpoint.get("epoch", -1))
+    return {"epoch": epoch, "best_top1": checkpoint.get("best_top1", test["top1"]),
+            "best_epoch": checkpoint.get("best_epoch", epoch)}
+
+
 def _dispatch(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, model: nn.Module,
               data: Any, run_dir: Path | None) -> dict[str, Any]:
-    if args.evaluate:
-        loader = eval_loader(data.test, args.batch_size, args.workers, ctx)
-        reduce = all_reduce_sum if ctx.enabled else None
-        test = evaluate(model, loader, ctx.device, reduce=reduce, desc="test")
-        epoch = setup.checkpoint["epoch"] if setup.checkpoint else -1
-        best = setup.checkpoint.get("best_top1", test["top1"]) if setup.checkpoint else test["top1"]
-        best_epoch = setup.checkpoint.get("best_epoch", epoch) if setup.checkpoint else epoch
-        return {**test, "epoch": epoch, "best_top1": best, "best_epoch": best_epoch}
-    if args.sense or args.thinnify:
-        loader = eval_loader(data.test, args.batch_size, args.workers, ctx)
-        reduce = all_reduce_sum if ctx.enabled else None
+    if not (args.evaluate or args.sense or args.thinnify):
+        return run_training(args, setup, ctx, model, data, run_dir)
+    loader = eval_loader(data.test, args.batch_size, args.workers, ctx)
+    reduce = all_reduce_sum if ctx.enabled else None
 
-        def evaluate_fn(net: nn.Module) -> dict[str, float]:
-            return evaluate(net, loader, ctx.device, reduce=reduce, desc="test")
+    def evaluate_fn(net: nn.Module) -> dict[str, float]:
+        return evaluate(net, loader, ctx.device, reduce=reduce, desc="test")
 
-        if args.thinnify:
-            from compressor.thinning.run import thinnify
+    if args.thinnify:
+        from compressor.thinning.run import thinnify
 
-            return thinnify(args, setup, model, evaluate_fn, run_dir)
+        return thinnify(args, setup, model, evaluate_fn, run_dir)
+    if args.sense:
         from compressor.sensitivity import run_sensitivity, sensitivity_levels
 
         run_sensitivity(model, evaluate_fn, args.sense, sensitivity_levels(*args.sense_range),
                         run_dir)
-        test = evaluate_fn(model)
-        epoch = setup.checkpoint["epoch"] if setup.checkpoint else -1
-        return {**test, "epoch": epoch, "best_top1": test["top1"], "best_epoch": epoch}
-    return run_training(args, setup, ctx, model, data, run_dir)
+    test = evaluate_fn(model)
+    return {**test, **_progress_of(setup, test)}

@@ -25,13 +25,7 @@ RECOMPUTE_ARCHS = [a for a in list_archs() if get_arch_spec(a).checkpoint_blocks
 # keep the suite fast: their blocks are classes that the others show to be exact (checked
 # below), and resnet152 is checked to recompute every one of its blocks.
 HEAVY = {"resnet152", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
-         "wide_resnet101_2", "densenet161", "densenet_bc_250_cifar",
-         # deeper or wider twins of an arch tested here, with the same block classes, kept out
-         # so that the suite stays within its 10-minute budget on 2 cores
-         "resnet32_cifar", "resnet44_cifar", "resnet110_cifar", "preact_resnet32_cifar",
-         "preact_resnet44_cifar", "preact_resnet56_cifar", "preact_resnet110_cifar",
-         "vgg13_cifar", "vgg16_cifar", "vgg19_cifar", "vgg13_bn_cifar", "vgg19_bn_cifar",
-         "resnet34", "resnet101", "resnext50_32x4d", "densenet169", "densenet201"}
+         "wide_resnet101_2", "densenet161", "densenet_bc_250_cifar"}
 EXACT = [a for a in RECOMPUTE_ARCHS if a not in HEAVY]
 REQUIRED = {"resnet56_cifar", "vgg16_bn_cifar", "resnet50", "mobilenet_v2", "inception_v3",
             "densenet_bc_100_cifar", "densenet121"}
