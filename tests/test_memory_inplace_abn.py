@@ -18,12 +18,12 @@ from compressor.memory import (
     measure_saved_bytes,
     training_divergence,
 )
-from compressor.models import create_model, get_arch_spec
+from compressor.models import create_model, get_arch_spec, list_archs
 
 ACTIVATIONS = (("leaky_relu", 0.01), ("elu", 1.0), ("identity", 0.0))
-# One of each depth pattern: the other CIFAR ResNets and _bn VGGs repeat the same modules.
-IABN_ARCHS = ["resnet20_cifar", "plain20_cifar", "resnet56_cifar", "vgg11_bn_cifar",
-              "vgg16_bn_cifar"]
+# Every architecture that can be built with in-place ABN: the CIFAR ResNets and _bn VGGs.
+IABN_ARCHS = [a for a in list_archs() if get_arch_spec(a).family == "resnet_cifar"
+              or (get_arch_spec(a).family == "vgg_cifar" and a.endswith("_bn_cifar"))]
 
 
 
