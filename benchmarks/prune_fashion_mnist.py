@@ -49,17 +49,26 @@ def _prunable(arch: str) -> tuple[list[str], list[str]]:
     return convs[1:] + linears[:-1], convs  # simplenet: keep conv1 and the classifier dense
 
 
-def _schedule(kind: str, weights: list[str], final: float, end_epoch: int) -> str:
-    if kind == "agp":
-        pruner = (f"    class: AutomatedGradualPruner\n    initial_sparsity: 0.05\n"
-                  f"    final_sparsity: {final}\n")
-    else:
-        pruner = (f"    class: L1RankedStructureParameterPruner_AGP\n    group_type: Filters\n"
-                  f"    initial_sparsity: 0.1\n    final_sparsity: {final}\n")
-    names = ", ".join(weights)
-    return (f"version: 1\npruners:\n  pruner:\n{pruner}    weights: [{names}]\n"
-            f"policies:\n  - pruner:\n      instance_name: pruner\n"
-            f"    starting_epoch: 0\n    ending_epoch: {end_epoch}\n    frequency: 1\n")
+def _schedule(spec: tuple, end_epoch: int, decay_epoch: int) -> str:
+    """A schedule: the pruner of `spec` (none for dense) and the LR decay every run shares."""
+    text = "version: 1\n"
+    policies = (f"  - lr_scheduler:\n      instance_name: lr\n"
+                f"    starting_epoch: 0\n    ending_epoch: {decay_epoch + 1}\n    frequency: 1\n")
+    if spec:
+        kind, weights, final = spec
+        if kind == "agp":
+            pruner = (f"    class: AutomatedGradualPruner\n    initial_sparsity: 0.05\n"
+                      f"    final_sparsity: {final}\n")
+        else:
+            pruner = (f"    class: L1RankedStructureParameterPruner_AGP\n"
+                      f"    group_type: Filters\n    initial_sparsity: 0.1\n"
+                      f"    final_sparsity: {final}\n")
+        text += f"pruners:\n  pruner:\n{pruner}    weights: [{', '.join(weights)}]\n"
+        policies += (f"  - pruner:\n      instance_name: pruner\n"
+                     f"    starting_epoch: 0\n    ending_epoch: {end_epoch}\n    frequency: 1\n")
+    text += (f"lr_schedulers:\n  lr:\n    class: MultiStepLR\n    milestones: [{decay_epoch}]\n"
+             f"    gamma: 0.1\n")
+    return text + "policies:\n" + policies
 
 
 def _cli(*args: str, log: Path) -> None:
@@ -76,6 +85,7 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
     """Train every configuration of one arch; returns name -> final checkpoint."""
     element, filters = _prunable(arch)
     end = max(1, int(args.epochs * 0.6))  # prune for 60% of the epochs, then fine-tune
+    decay = max(end, int(args.epochs * 0.8))  # every run, dense too, decays its LR here
     common = ("-a", arch, "--dataset", "fashion-mnist", args.data, "--epochs", str(args.epochs),
               "-b", str(args.batch_size), "--lr", str(args.lr), "--wd", "1e-4", "-j",
               str(args.workers), "--etrs", str(args.etrs), "--etes", str(args.etes),
@@ -88,12 +98,9 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
     for name, spec in runs.items():
         run = f"{arch}-{name}"
         if not (out / run / "results.json").exists():
-            extra: tuple[str, ...] = ()
-            if spec:
-                yaml_path = out / f"{run}.yaml"
-                yaml_path.write_text(_schedule(spec[0], spec[1], spec[2], end))
-                extra = ("--compress", str(yaml_path))
-            _cli(*common, *extra, "-n", run, log=log)
+            yaml_path = out / f"{run}.yaml"
+            yaml_path.write_text(_schedule(spec, end, decay))
+            _cli(*common, "--compress", str(yaml_path), "-n", run, log=log)
         finals[name] = out / run / "checkpoint.pth.tar"
     if "filters50" not in runs:
         return finals
