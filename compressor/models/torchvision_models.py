@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any
 
 import torchvision
@@ -25,7 +26,7 @@ CHECKPOINT_BLOCKS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # Models whose torchvision defaults we change, with the reason in DESIGN.md: both get their
 # input normalization from the InputSpec (transform_input=False) and train with aux heads.
-SPECIAL_CASES: dict[str, dict[str, Any]] = {
+SPECIAL_CASES: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
     "inception_v3": dict(loss="inception_aux",
                          model_attrs={"transform_input": False, "aux_logits": True}),
     "googlenet": dict(loss="googlenet_aux",
@@ -33,7 +34,7 @@ SPECIAL_CASES: dict[str, dict[str, Any]] = {
                       # torchvision's pretrained GoogLeNet aux heads are untrained: drop them.
                       pretrained_attrs={"aux_logits": False},
                       mean_std=((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))),
-}
+})
 
 
 def weights_input_spec(weights: Any) -> InputSpec:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from torch import Tensor, nn
 
 from compressor.models.input_spec import InputSpec
@@ -9,14 +11,14 @@ from compressor.models.registry import register_model
 
 __all__ = ["VGGCifar", "make_vgg_features", "VGG_CONFIGS"]
 
-VGG_CONFIGS: dict[int, tuple[int | str, ...]] = {
+VGG_CONFIGS: MappingProxyType[int, tuple[int | str, ...]] = MappingProxyType({
     11: (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"),
     13: (64, 64, "M", 128, 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"),
     16: (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M",
          512, 512, 512, "M"),
     19: (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M",
          512, 512, 512, 512, "M"),
-}
+})
 
 
 def make_vgg_features(config: tuple[int | str, ...], in_channels: int,
