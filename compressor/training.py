@@ -34,7 +34,8 @@ from compressor.losses import get_loss
 from compressor.run_dir import write_metrics_csv
 from compressor.run_setup import RunSetup
 
-__all__ = ["TrainState", "check_resume_epochs", "run_training", "checkpoint_state"]
+__all__ = ["TrainState", "check_resume_epochs", "run_training", "checkpoint_state",
+           "save_run_checkpoint"]
 
 LOG = logging.getLogger("compressor")
 CHECKPOINT_NAME = "checkpoint.pth.tar"
@@ -93,7 +94,8 @@ def checkpoint_state(setup: RunSetup, model: nn.Module, args: argparse.Namespace
     }
 
 
-def _save(run_dir: Path, state: dict[str, Any], is_best: bool) -> None:
+def save_run_checkpoint(run_dir: Path, state: dict[str, Any], is_best: bool) -> None:
+    """Write checkpoint.pth.tar atomically and, when best, copy it atomically to best.pth.tar."""
     path = run_dir / CHECKPOINT_NAME
     save_checkpoint(path, state)
     if is_best:
@@ -165,7 +167,7 @@ def run_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, mo
                      "%.1fs", epoch, train["loss"], train["top1"], val["loss"], val["top1"],
                      val["top5"], train["time"])
             if run_dir is not None:
-                _save(run_dir, checkpoint_state(
+                save_run_checkpoint(run_dir, checkpoint_state(
                     setup, model, args, optimizer=optimizer.state_dict(), lr_scheduler=None,
                     compression=compression.state_dict() if compression is not None else None,
                     epoch=epoch, best_top1=state.best_top1, best_epoch=state.best_epoch,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from compressor.checkpoint import get_rng_state, save_checkpoint
+from compressor.checkpoint import get_rng_state
 from compressor.thinning.thin import thin_model
 
 __all__ = ["thinnify"]
@@ -29,7 +28,7 @@ def thinnify(args: argparse.Namespace, setup: Any, model: nn.Module,
     model with nothing else given. Its optimizer state is fresh (the shapes changed) and its
     compression state is dropped: masks of the old shapes no longer apply.
     """
-    from compressor.training import checkpoint_state  # app-level helper; imported late
+    from compressor.training import checkpoint_state, save_run_checkpoint  # imported late
 
     before = sum(p.numel() for p in model.parameters())
     recipe = thin_model(model)
@@ -49,7 +48,6 @@ def thinnify(args: argparse.Namespace, setup: Any, model: nn.Module,
                                  lr_scheduler=None, compression=None, epoch=epoch,
                                  best_top1=test["top1"], best_epoch=epoch,
                                  rng=get_rng_state(), history=[])
-        save_checkpoint(run_dir / "checkpoint.pth.tar", state)
-        shutil.copyfile(run_dir / "checkpoint.pth.tar", run_dir / "best.pth.tar")
+        save_run_checkpoint(run_dir, state, is_best=True)
         LOG.info("thinned checkpoint written to %s", run_dir / "checkpoint.pth.tar")
     return results
