@@ -11,6 +11,7 @@ from typing import Any
 from torch import nn
 
 from compressor.errors import UsageError
+from compressor.models.description import ModelDescription, describe
 from compressor.models.input_spec import DATASET_INPUT_SPECS, DATASET_NUM_CLASSES, InputSpec
 
 __all__ = [
@@ -116,7 +117,7 @@ def get_arch_spec(name: str) -> ArchSpec:
 def create_model(arch: str, dataset: str, *, num_classes: int | None = None,
                  input_spec: InputSpec | None = None, model_attrs: Mapping[str, Any] | None = None,
                  pretrained: bool = False) -> nn.Module:
-    """Build `arch` for `dataset` and tag it with arch, dataset, input_spec and model_attrs."""
+    """Build `arch` for `dataset` with the builder alone, described by a ModelDescription."""
     spec = get_arch_spec(arch)
     if dataset != SYNTHETIC and dataset not in spec.datasets:
         raise UsageError(f"architecture '{arch}' does not support dataset '{dataset}'; "
@@ -125,12 +126,7 @@ def create_model(arch: str, dataset: str, *, num_classes: int | None = None,
     num_classes = num_classes or spec.num_classes(dataset)
     attrs = spec.resolve_attrs(model_attrs, pretrained)
     model = spec.builder(num_classes=num_classes, input_spec=input_spec, **attrs)
-    model.arch = arch
-    model.dataset = dataset
-    model.input_spec = input_spec
-    model.model_attrs = attrs
-    model.num_classes = num_classes
-    return model
+    return describe(model, ModelDescription(arch, dataset, num_classes, input_spec, attrs))
 
 
 def _ensure_loaded() -> None:

@@ -1,0 +1,140 @@
+"""ModelDescription: a model's identity (arch, dataset, classes, input spec, attributes, recipes).
+
+One frozen dataclass, attached once to the module it describes (`describe`), read back with
+`description_of`. Checkpoints, args.yaml and results.json all read this one record:
+
+    model_attrs = {**builder_attrs, "transforms": [{"name": "memory_efficient",
+                                                    "recipe": "recompute"}, ...]}
+
+`transforms` is the ordered list of framework transforms applied after the builder
+(compressor.transforms: memory variant, thinning, quantization); it is left out when empty.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch import nn
+
+from compressor.errors import CheckpointError
+from compressor.models.input_spec import InputSpec
+
+__all__ = ["ModelDescription", "TransformStep", "describe", "description_of", "unwrap_model",
+           "TRANSFORMS_KEY"]
+
+TRANSFORMS_KEY = "transforms"
+_ATTRIBUTE = "description"
+# Before format version 2, checkpoints stored the framework transforms as flat keys, in this order.
+_LEGACY_TRANSFORM_KEYS = ("memory_efficient", "thinning")
+
+
+@dataclass(frozen=True)
+class TransformStep:
+    """One framework transform applied after the builder: its table name and plain recipe."""
+
+    name: str
+    recipe: Any
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-value form, as stored in model_attrs."""
+        return {"name": self.name, "recipe": self.recipe}
+
+
+@dataclass(frozen=True)
+class ModelDescription:
+    """Everything needed to rebuild a model and feed it: set once, replaced, never mutated."""
+
+    arch: str
+    dataset: str
+    num_classes: int
+    input_spec: InputSpec
+    builder_attrs: Mapping[str, Any] = field(default_factory=dict)
+    transforms: tuple[TransformStep, ...] = ()
+
+    def model_attrs(self) -> dict[str, Any]:
+        """The checkpoint's `model_attrs`: builder attributes and the ordered transform recipes."""
+        attrs = dict(self.builder_attrs)
+        if self.transforms:
+            attrs[TRANSFORMS_KEY] = [step.to_dict() for step in self.transforms]
+        return attrs
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values for args.yaml and results.json."""
+        return {"arch": self.arch, "dataset": self.dataset, "num_classes": self.num_classes,
+                "input_spec": self.input_spec.to_dict(), "model_attrs": self.model_attrs()}
+
+    def recipe(self, name: str) -> Any | None:
+        """The recipe of transform `name`, or None when it was not applied."""
+        for step in self.transforms:
+            if step.name == name:
+                return step.recipe
+        return None
+
+    def with_transform(self, name: str, recipe: Any) -> ModelDescription:
+        """This description with `name`'s recipe replaced in place (or appended when new)."""
+        steps = list(self.transforms)
+        for index, step in enumerate(steps):
+            if step.name == name:
+                steps[index] = TransformStep(name, recipe)
+                break
+        else:
+            steps.append(TransformStep(name, recipe))
+        return dataclasses.replace(self, transforms=tuple(steps))
+
+    def without_transforms(self) -> ModelDescription:
+        """The description of the model the builder alone makes."""
+        return dataclasses.replace(self, transforms=())
+
+    @classmethod
+    def from_model_attrs(cls, arch: str, dataset: str, num_classes: int, input_spec: InputSpec,
+                         model_attrs: Mapping[str, Any]) -> ModelDescription:
+        """Split a checkpoint's model_attrs into builder attributes and transform steps."""
+        attrs = dict(model_attrs)
+        steps: list[TransformStep] = []
+        for key in _LEGACY_TRANSFORM_KEYS:  # format version 1
+            if attrs.get(key) is not None:
+                steps.append(TransformStep(key, attrs.pop(key)))
+            attrs.pop(key, None)
+        listed = attrs.pop(TRANSFORMS_KEY, None) or []
+        if not isinstance(listed, list) or not all(
+                isinstance(item, Mapping) and isinstance(item.get("name"), str)
+                and "recipe" in item for item in listed):
+            raise CheckpointError("model_attrs.transforms is not a list of {name, recipe} "
+                                  "entries; the checkpoint is damaged, use another one")
+        steps += [TransformStep(item["name"], item["recipe"]) for item in listed]
+        return cls(arch, dataset, int(num_classes), input_spec, attrs, tuple(steps))
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Mapping[str, Any]) -> ModelDescription:
+        """The description a compressor checkpoint records."""
+        return cls.from_model_attrs(str(checkpoint["arch"]), str(checkpoint["dataset"]),
+                                    int(checkpoint["num_classes"]),
+                                    InputSpec.from_dict(checkpoint["input_spec"]),
+                                    checkpoint["model_attrs"])
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The model inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+def describe(model: nn.Module, description: ModelDescription) -> nn.Module:
+    """Attach `description` to `model` (the one place a description is written); returns it."""
+    object.__setattr__(unwrap_model(model), _ATTRIBUTE, description)
+    return model
+
+
+def description_of(model: nn.Module) -> ModelDescription:
+    """The description attached to `model` (wrappers such as DDP are looked through)."""
+    found = vars(unwrap_model(model)).get(_ATTRIBUTE)
+    if not isinstance(found, ModelDescription):
+        raise ValueError(f"{type(model).__name__} carries no ModelDescription; build it with "
+                         "compressor.models.create_model or compressor.model_builder.build_model")
+    return found
