@@ -12,6 +12,13 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+# Distiller's own schedules: beside CI's checkout (../shared), not beside a user's clone.
+CORPUS = Path(os.environ.get("DISTILLER_SCHEDULES",
+                             str(ROOT.parent / "shared" / "distiller-schedules")))
+requires_corpus = pytest.mark.skipif(
+    not CORPUS.is_dir(),
+    reason=f"Distiller's schedule corpus not found at {CORPUS}; set DISTILLER_SCHEDULES to the "
+           "directory that holds it (CI sets it)")
 
 
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -23,9 +23,8 @@ from compressor.pruning import LevelPruner, sparsity
 from compressor.schedule import QUANTIZER_CLASSES, load_schedule
 from compressor.schedule.loader import SECTIONS
 from compressor.schedule.policies import ExtensionPolicy, PruningPolicy
+from tests.conftest import CORPUS, ROOT, requires_corpus
 
-ROOT = Path(__file__).resolve().parents[1]
-CORPUS = Path(__file__).parents[1].parent / "shared" / "distiller-schedules"
 FILES = sorted(CORPUS.rglob("*.yaml")) if CORPUS.is_dir() else []
 ARCH_FLAG = re.compile(r"(?:--arch|-a)[ =]+([A-Za-z0-9_]+)")
 
@@ -59,10 +58,12 @@ def pristine() -> dict[str, torch.nn.Module]:
     return {}
 
 
+@requires_corpus
 def test_corpus_is_present() -> None:
     assert len(FILES) >= 60, f"expected Distiller's schedules in {CORPUS}"
 
 
+@requires_corpus
 @pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(CORPUS)))
 def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> None:
     source = follow_link(path)
@@ -134,6 +135,7 @@ def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> No
     sched.load_state_dict(torch.load(buffer, weights_only=True))
 
 
+@requires_corpus
 def test_corpus_schedule_through_the_cli(tmp_path: Path) -> None:
     schedule = CORPUS / "agp-pruning" / "resnet20_filters.schedule_agp.yaml"
     result = subprocess.run(
