@@ -27,10 +27,9 @@ from tabulate import tabulate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from compressor.checkpoint import load_checkpoint  # noqa: E402
 from compressor.metrics import probe_input  # noqa: E402
-from compressor.model_builder import build_model  # noqa: E402
-from compressor.models.input_spec import InputSpec  # noqa: E402
+from compressor.models import create_model  # noqa: E402
+from compressor.run_setup import load_model  # noqa: E402
 
 ARCHS = ("resnet20_cifar", "simplenet_mnist")
 CONFIGS = ("agp80", "agp90", "filters50")  # besides the dense baseline, always run
@@ -38,7 +37,7 @@ CONFIGS = ("agp80", "agp90", "filters50")  # besides the dense baseline, always 
 
 def _prunable(arch: str) -> tuple[list[str], list[str]]:
     """(weights for element-wise AGP, weights whose filters the filter pruner ranks)."""
-    model = build_model(arch, "fashion-mnist")
+    model = create_model(arch, "fashion-mnist")
     convs = [n for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 4]
     linears = [n for n, p in model.named_parameters() if n.endswith("weight") and p.dim() == 2]
     if arch.startswith("resnet"):
@@ -113,13 +112,7 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
 
 
 def _load(path: Path) -> torch.nn.Module:
-    checkpoint = load_checkpoint(path)
-    model = build_model(checkpoint["arch"], checkpoint["dataset"],
-                        num_classes=checkpoint["num_classes"],
-                        input_spec=InputSpec.from_dict(checkpoint["input_spec"]),
-                        model_attrs=checkpoint["model_attrs"])
-    model.load_state_dict(checkpoint["state_dict"])
-    return model.eval()
+    return load_model(path).eval()
 
 
 def latencies(paths: dict[str, Path], batch: int, rounds: int, reps: int) -> dict[str, float]:

@@ -1,4 +1,8 @@
-"""Dispatch: summary | dry-run | evaluate | sensitivity | thinnify | train."""
+"""Dispatch: summary | dry-run | evaluate | sensitivity | thinnify | train.
+
+The only module that sees argparse: it turns the parsed command line into the small typed
+configs of compressor.config and hands them to library code.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,16 +19,27 @@ from tabulate import tabulate
 from torch import nn
 
 from compressor.cli import parse_args
-from compressor.data import load_datasets
+from compressor.config import (
+    DataConfig,
+    LoaderConfig,
+    ModelRequest,
+    OptimizerConfig,
+    TrainConfig,
+    make_optimizer,
+)
+from compressor.data import DatasetSplits, load_datasets
 from compressor.distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown
 from compressor.engine import evaluate
 from compressor.errors import CompressorError
 from compressor.loaders import eval_loader, seed_everything
+from compressor.models.description import description_of
 from compressor.run_dir import choose_run_dir, logging_to, write_args_yaml, write_results_json
-from compressor.run_setup import RunSetup, build_run_model, resolve_run
+from compressor.run_setup import RunSetup, build_resolved_model, resolve_run
 from compressor.training import check_resume_epochs, run_training
 
 __all__ = ["main", "run"]
+
+EvaluateFn = Callable[[nn.Module], dict[str, float]]
 
 
 def _one_line(exc: BaseException) -> str:
@@ -58,9 +74,44 @@ def _configure_determinism(deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def _resolved_args(args: argparse.Namespace, setup: RunSetup) -> dict[str, Any]:
-    return {**vars(args), "arch": setup.arch, "dataset": setup.dataset, "seed": setup.seed,
-            "input_spec": setup.input_spec.to_dict(), "model_attrs": setup.model_attrs}
+def _path(text: str | None) -> Path | None:
+    return Path(text) if text else None
+
+
+def _model_request(args: argparse.Namespace) -> ModelRequest:
+    return ModelRequest(arch=args.arch, checkpoint=_path(args.resume_from), dataset=args.dataset,
+                        pretrained=args.pretrained, memory_efficient=args.memory_efficient,
+                        load_weights_from=_path(args.load_weights_from))
+
+
+def _optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
+    return OptimizerConfig(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+
+
+def _loader_config(args: argparse.Namespace) -> LoaderConfig:
+    return LoaderConfig(batch_size=args.batch_size, workers=args.workers)
+
+
+def _train_config(args: argparse.Namespace) -> TrainConfig:
+    return TrainConfig(epochs=args.epochs, optimizer=_optimizer_config(args),
+                       loader=_loader_config(args), print_freq=args.print_freq,
+                       compress=_path(args.compress), reset_optimizer=args.reset_optimizer)
+
+
+def _data_config(args: argparse.Namespace, training: bool) -> DataConfig:
+    return DataConfig(root=args.data, validation_split=args.validation_split if training else 0.0,
+                      effective_train_size=args.effective_train_size,
+                      effective_valid_size=args.effective_valid_size,
+                      effective_test_size=args.effective_test_size)
+
+
+def _args_record(args: argparse.Namespace, setup: RunSetup) -> dict[str, Any]:
+    """The resolved arguments: args.yaml, and the checkpoint's `args`."""
+    return {**vars(args), **setup.description.to_dict(), "seed": setup.seed}
+
+
+def _is_training(args: argparse.Namespace) -> bool:
+    return not (args.evaluate or args.sense or args.thinnify)
 
 
 def _print_results(results: dict[str, Any]) -> None:
@@ -74,14 +125,17 @@ def _print_results(results: dict[str, Any]) -> None:
 def _model_facts(model: nn.Module, run_dir: Path) -> dict[str, Any]:
     from compressor.metrics import model_metrics  # sparsity, params, MACs, file sizes
 
-    return model_metrics(model, run_dir / "checkpoint.pth.tar")
+    description = description_of(model)
+    return {"arch": description.arch, "dataset": description.dataset,
+            "num_classes": description.num_classes,
+            "transforms": [step.name for step in description.transforms],
+            **model_metrics(model, run_dir / "checkpoint.pth.tar")}
 
 
 def _dry_run(args: argparse.Namespace, model: nn.Module) -> int:
     from compressor.schedule import format_dry_run, load_schedule
 
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                                weight_decay=args.weight_decay)
+    optimizer = make_optimizer(model.parameters(), _optimizer_config(args))
     print(format_dry_run(load_schedule(args.compress, model, optimizer), args.epochs))
     return 0
 
@@ -94,39 +148,50 @@ def _summaries(args: argparse.Namespace, model: nn.Module) -> int:
     return 0
 
 
+def _load_data(setup: RunSetup, config: DataConfig) -> DatasetSplits:
+    description = setup.description
+    return load_datasets(description.dataset, config.root, description.input_spec,
+                         validation_split=config.validation_split,
+                         effective_train_size=config.effective_train_size,
+                         effective_valid_size=config.effective_valid_size,
+                         effective_test_size=config.effective_test_size, seed=setup.seed,
+                         num_classes=description.num_classes)
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute one parsed command line."""
     started = time.perf_counter()
-    setup = resolve_run(args)
+    setup = resolve_run(_model_request(args), seed=args.seed, deterministic=args.deterministic)
     _configure_determinism(args.deterministic)
     ctx = init_distributed(args.cpu, args.gpus)
     seed_everything(setup.seed)  # the same initial weights on every rank and in every rerun
-    model = build_run_model(setup, args).to(ctx.device)
+    model = build_resolved_model(setup.model).to(ctx.device)
     if args.summary:
         return _summaries(args, model)
     if args.dry_run:
         return _dry_run(args, model)
-    training = not (args.evaluate or args.sense or args.thinnify)
+    training = _is_training(args)
+    config = _train_config(args)
     if training:
-        check_resume_epochs(args, setup)
-    data = load_datasets(setup.dataset, args.data, setup.input_spec,
-                         validation_split=args.validation_split,
-                         effective_train_size=args.effective_train_size,
-                         effective_valid_size=args.effective_valid_size,
-                         effective_test_size=args.effective_test_size, seed=setup.seed,
-                         num_classes=setup.num_classes)
+        check_resume_epochs(config, setup)
+    data = _load_data(setup, _data_config(args, training))
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
     run_dir = choose_run_dir(args.output_dir, args.name, setup.arch, resume_dir)
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     barrier()
+    record = _args_record(args, setup)
     with logging_to(run_dir if ctx.is_main else None, ctx.is_main) as log:
         log.info("run directory %s", run_dir)
         if ctx.is_main:
-            write_args_yaml(run_dir, _resolved_args(args, setup))
-        results = _dispatch(args, setup, ctx, model, data, run_dir if ctx.is_main else None)
-        results = {"arch": setup.arch, "dataset": setup.dataset, **results,
-                   **_model_facts(model, run_dir), "time": time.perf_counter() - started}
+            write_args_yaml(run_dir, record)
+        writer_dir = run_dir if ctx.is_main else None
+        if training:
+            results = run_training(setup, ctx, model, data, writer_dir, config, record)
+        else:
+            results = _post_training(args, setup, ctx, model, data, writer_dir, config, record)
+        results = {**results, **_model_facts(model, run_dir),
+                   "time": time.perf_counter() - started}
         if ctx.is_main:
             write_results_json(run_dir, results)
             _print_results(results)
@@ -141,11 +206,11 @@ def _progress_of(setup: RunSetup, test: dict[str, float]) -> dict[str, Any]:
             "best_epoch": checkpoint.get("best_epoch", epoch)}
 
 
-def _dispatch(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, model: nn.Module,
-              data: Any, run_dir: Path | None) -> dict[str, Any]:
-    if not (args.evaluate or args.sense or args.thinnify):
-        return run_training(args, setup, ctx, model, data, run_dir)
-    loader = eval_loader(data.test, args.batch_size, args.workers, ctx)
+def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
+                   model: nn.Module, data: DatasetSplits, run_dir: Path | None,
+                   config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
+    """Evaluate, analyse sensitivity or thin a model on the test split."""
+    loader = eval_loader(data.test, config.loader.batch_size, config.loader.workers, ctx)
     reduce = all_reduce_sum if ctx.enabled else None
 
     def evaluate_fn(net: nn.Module) -> dict[str, float]:
@@ -154,7 +219,7 @@ def _dispatch(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, model
     if args.thinnify:
         from compressor.thinning.run import thinnify
 
-        return thinnify(args, setup, model, evaluate_fn, run_dir)
+        return thinnify(model, evaluate_fn, setup.checkpoint, run_dir, config.optimizer, record)
     if args.sense:
         from compressor.sensitivity import run_sensitivity, sensitivity_levels
 

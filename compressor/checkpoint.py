@@ -1,40 +1,52 @@
-"""Checkpoints: plain, versioned dicts, written atomically and read with weights_only=True."""
+"""Checkpoints: plain, versioned dicts, written atomically and read with weights_only=True.
+
+Every file the project writes (checkpoints, best.pth.tar, metrics.csv, results.json,
+args.yaml) goes through `atomic_write`: a temporary file beside the target, fsynced, then
+renamed into place, so a crash never leaves a half-written file.
+"""
 
 from __future__ import annotations
 
 import os
 import pickle
 import random
+import shutil
 import warnings
-import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from compressor.errors import CheckpointError
+from compressor.errors import CheckpointError, CompressorError
+from compressor.models.description import ModelDescription, description_of, unwrap_model
 
 __all__ = [
-    "FORMAT_VERSION", "REQUIRED_KEYS", "save_checkpoint", "load_checkpoint",
-    "require_full_checkpoint", "clean_state_dict", "plain_state_dict", "get_rng_state",
-    "set_rng_state",
+    "FORMAT_VERSION", "REQUIRED_KEYS", "CHECKPOINT_NAME", "BEST_NAME", "atomic_write",
+    "atomic_write_text", "save_checkpoint", "save_run_checkpoint", "assemble_checkpoint",
+    "load_checkpoint", "require_full_checkpoint", "read_description", "load_weights",
+    "clean_state_dict", "plain_state_dict", "get_rng_state", "set_rng_state",
 ]
 
-FORMAT_VERSION = 1
+# 2: model_attrs holds the framework transforms as an ordered list under "transforms"
+# (version 1 had flat "memory_efficient" / "thinning" keys; both are read).
+FORMAT_VERSION = 2
 REQUIRED_KEYS = ("format_version", "arch", "dataset", "num_classes", "model_attrs", "input_spec",
                  "state_dict")
+CHECKPOINT_NAME = "checkpoint.pth.tar"
+BEST_NAME = "best.pth.tar"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
-def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None:
-    """Write `state` to a temporary file beside `path`, fsync it, then rename it into place."""
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:
+    """Call `write(handle)` on a temporary file beside `path`, fsync it, rename it into place."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         with open(tmp, "wb") as handle:
-            torch.save(state, handle)
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -47,8 +59,55 @@ def save_checkpoint(path: str | os.PathLike[str], state: dict[str, Any]) -> None
         os.close(dir_fd)
 
 
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write a UTF-8 text file atomically."""
+    atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
+
+
+def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
+    """torch.save `state` atomically."""
+    atomic_write(path, lambda handle: torch.save(dict(state), handle))
+
+
+def save_run_checkpoint(run_dir: Path, state: Mapping[str, Any], is_best: bool) -> None:
+    """Write run_dir/checkpoint.pth.tar and, when best, the same bytes to best.pth.tar."""
+    path = run_dir / CHECKPOINT_NAME
+    save_checkpoint(path, state)
+    if is_best:
+        def copy(handle: IO[bytes]) -> None:
+            with open(path, "rb") as source:
+                shutil.copyfileobj(source, handle)
+
+        atomic_write(run_dir / BEST_NAME, copy)
+
+
+def assemble_checkpoint(model: nn.Module, *, args: Mapping[str, Any],
+                        **progress: Any) -> dict[str, Any]:
+    """The checkpoint dict of DESIGN.md for `model` (wrappers looked through) and progress keys.
+
+    The model's ModelDescription gives arch, dataset, classes, input spec and model_attrs;
+    `progress` holds optimizer, lr_scheduler, compression, epoch, best_top1, best_epoch, rng...
+    """
+    description = description_of(model)
+    return {
+        "format_version": FORMAT_VERSION,
+        "arch": description.arch,
+        "dataset": description.dataset,
+        "num_classes": description.num_classes,
+        "model_attrs": description.model_attrs(),
+        "input_spec": description.input_spec.to_dict(),
+        "state_dict": plain_state_dict(model),
+        "args": dict(args),
+        **progress,
+    }
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Load a checkpoint (or a bare state dict) on the CPU, refusing anything but plain data."""
+    """Load a checkpoint (or a bare state dict) on the CPU, refusing anything but plain data.
+
+    Any failure to read or parse the file becomes one CheckpointError line naming it: the
+    weights-only unpickler raises many exception types on arbitrary bytes.
+    """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}; check the path given")
@@ -64,31 +123,66 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
                 "dict of tensors") from None
         raise CheckpointError(f"checkpoint {path} is corrupted ({_first_line(exc)}); "
                               "use another checkpoint, e.g. best.pth.tar") from None
-    except (RuntimeError, EOFError, OSError, zipfile.BadZipFile, ValueError, KeyError) as exc:
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted ({_first_line(exc)}); "
-                              "use another checkpoint, e.g. best.pth.tar") from None
+    except MemoryError:
+        raise CheckpointError(f"checkpoint {path} is corrupted (it claims more memory than "
+                              "exists); use another checkpoint, e.g. best.pth.tar") from None
+    except Exception as exc:  # noqa: BLE001 - every parse failure is the same to the user
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupted "
+                              f"({type(exc).__name__}: {_first_line(exc)}); use another "
+                              "checkpoint, e.g. best.pth.tar") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(data).__name__}, not a dict; "
                               "save a state dict or a compressor checkpoint")
     return data
 
 
-def require_full_checkpoint(checkpoint: dict[str, Any], path: str | os.PathLike[str]) -> None:
+def require_full_checkpoint(checkpoint: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
     """Check that a loaded dict is a compressor checkpoint that can rebuild its model."""
     missing = [key for key in REQUIRED_KEYS if key not in checkpoint]
     if missing:
         raise CheckpointError(
             f"{path} is not a compressor checkpoint (missing {', '.join(missing)}); to load "
             "weights alone use --exp-load-weights-from with -a ARCH")
-    if checkpoint["format_version"] > FORMAT_VERSION:
-        raise CheckpointError(f"{path} has format version {checkpoint['format_version']}, newer "
-                              f"than this compressor reads ({FORMAT_VERSION}); upgrade compressor")
+    version = checkpoint["format_version"]
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise CheckpointError(f"{path} has format version {version!r}, not an integer; the "
+                              "checkpoint is damaged, use another one")
+    if version > FORMAT_VERSION:
+        raise CheckpointError(f"{path} has format version {version}, newer than this "
+                              f"compressor reads ({FORMAT_VERSION}); upgrade compressor")
 
 
-def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def read_description(checkpoint: Mapping[str, Any],
+                     path: str | os.PathLike[str]) -> ModelDescription:
+    """The ModelDescription a full checkpoint records; a malformed one is a CheckpointError."""
+    require_full_checkpoint(checkpoint, path)
+    try:
+        return ModelDescription.from_checkpoint(checkpoint)
+    except CompressorError as exc:
+        raise CheckpointError(f"{path}: {exc}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise CheckpointError(f"{path} has a malformed model description ({type(exc).__name__}: "
+                              f"{_first_line(exc)}); use another checkpoint") from None
+
+
+def load_weights(model: nn.Module, state_dict: Mapping[str, Any], source: str) -> None:
+    """Load a state dict (module./_orig_mod. prefixes stripped), naming the file on mismatch."""
+    if not isinstance(state_dict, Mapping):
+        raise CheckpointError(f"{source} holds no state dict of tensors; use a checkpoint "
+                              "saved by compressor or torch.save(model.state_dict())")
+    try:
+        unwrap_model(model).load_state_dict(clean_state_dict(state_dict), strict=True)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        detail = " ".join(str(exc).split())[:300]
+        raise CheckpointError(f"weights in {source} do not fit {description_of(model).arch} "
+                              f"({detail}); check the arch and the file") from None
+
+
+def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     """Strip DataParallel/DDP `module.` and torch.compile `_orig_mod.` prefixes."""
     cleaned = {}
     for name, value in state_dict.items():
+        name = str(name)
         while name.startswith(_WRAPPER_PREFIXES):
             name = name.split(".", 1)[1]
         cleaned[name] = value
@@ -96,17 +190,8 @@ def clean_state_dict(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Ten
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state with parametrized tensors (e.g. pruning masks) saved as their values."""
-    state = model.state_dict()
-    plain = {k: v for k, v in state.items() if ".parametrizations." not in f".{k}"}
-    for module_name, module in model.named_modules():
-        parametrizations = getattr(module, "parametrizations", None)
-        if parametrizations is None:
-            continue
-        prefix = f"{module_name}." if module_name else ""
-        for tensor_name in parametrizations:
-            plain[prefix + tensor_name] = getattr(module, tensor_name).detach().clone()
-    return clean_state_dict(plain)
+    """The model's state dict with wrapper prefixes stripped (masks live in the tensors)."""
+    return clean_state_dict(unwrap_model(model).state_dict())
 
 
 def get_rng_state() -> dict[str, Any]:
@@ -124,7 +209,7 @@ def get_rng_state() -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: Mapping[str, Any]) -> None:
     """Restore what get_rng_state returned."""
     torch.set_rng_state(state["torch"])
     numpy_state = state["numpy"]

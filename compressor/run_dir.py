@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -15,10 +15,11 @@ from typing import Any
 
 import yaml
 
+from compressor.checkpoint import atomic_write_text
 from compressor.errors import UsageError
 
 __all__ = ["choose_run_dir", "logging_to", "write_args_yaml", "write_metrics_csv",
-           "write_results_json", "atomic_write_text"]
+           "write_results_json"]
 
 LOG_FORMAT = "%(asctime)s %(message)s"
 
@@ -67,13 +68,6 @@ def logging_to(run_dir: Path | None, is_main: bool) -> Iterator[logging.Logger]:
         logger.propagate = previous_propagate
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write a text file through a temporary file and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def write_args_yaml(run_dir: Path, args: Mapping[str, Any]) -> None:
     """The resolved arguments, as YAML (timm's args.yaml)."""
     atomic_write_text(run_dir / "args.yaml", yaml.safe_dump(dict(args), sort_keys=True))
@@ -83,13 +77,11 @@ def write_metrics_csv(run_dir: Path, rows: Sequence[Mapping[str, Any]]) -> None:
     """One row per completed epoch (the whole history, also after a resume)."""
     if not rows:
         return
-    fields = list(rows[0])
-    tmp = run_dir / f".metrics.csv.tmp-{os.getpid()}"
-    with open(tmp, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=fields)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, run_dir / "metrics.csv")
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(run_dir / "metrics.csv", text.getvalue())
 
 
 def write_results_json(run_dir: Path, results: Mapping[str, Any]) -> None:

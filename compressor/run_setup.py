@@ -1,101 +1,144 @@
-"""Resolve a run (arch, dataset, input spec, model attrs, seed) and build its model."""
+"""Resolve what to build (arch or checkpoint, dataset, input spec, transforms) and build it.
+
+`resolve_model` and `load_model` take plain values, never argparse, so library code (a
+distillation teacher, an export) can rebuild any compressor checkpoint on its own.
+"""
 
 from __future__ import annotations
 
-import argparse
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
-from compressor.checkpoint import (
-    clean_state_dict,
-    load_checkpoint,
-    require_full_checkpoint,
-)
+from compressor.checkpoint import load_checkpoint, load_weights, read_description
+from compressor.config import ModelRequest
 from compressor.errors import CheckpointError, UsageError
 from compressor.model_builder import build_model
-from compressor.models.input_spec import InputSpec
+from compressor.models.description import ModelDescription
 from compressor.models.registry import ArchSpec, get_arch_spec
+from compressor.transforms import MemoryVariantTransform
 
-__all__ = ["RunSetup", "resolve_run", "build_run_model", "load_model_state"]
+__all__ = ["ResolvedModel", "RunSetup", "resolve_model", "build_resolved_model", "load_model",
+           "resolve_run"]
 
 
-@dataclass
-class RunSetup:
-    """The resolved description of a run: everything needed to rebuild and feed its model."""
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A model to build: its description, and where its weights come from."""
 
-    arch: str
+    description: ModelDescription
     arch_spec: ArchSpec
-    dataset: str
-    num_classes: int
-    input_spec: InputSpec
-    model_attrs: dict[str, Any]
+    checkpoint: Mapping[str, Any] | None = None  # the checkpoint it is rebuilt from, if any
+    checkpoint_path: Path | None = None
+    pretrained: bool = False
+    load_weights_from: Path | None = None
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """The resolved description of a run: its model and its seed."""
+
+    model: ResolvedModel
     seed: int
-    checkpoint: dict[str, Any] | None  # the --resume-from checkpoint, if any
-    checkpoint_path: Path | None
+
+    @property
+    def description(self) -> ModelDescription:
+        """The model's description as resolved (before any training changes it)."""
+        return self.model.description
+
+    @property
+    def arch(self) -> str:
+        """The architecture's registry name."""
+        return self.model.description.arch
+
+    @property
+    def dataset(self) -> str:
+        """The dataset the run uses."""
+        return self.model.description.dataset
+
+    @property
+    def checkpoint(self) -> Mapping[str, Any] | None:
+        """The --resume-from checkpoint, if any."""
+        return self.model.checkpoint
+
+    @property
+    def checkpoint_path(self) -> Path | None:
+        """Where the --resume-from checkpoint was read."""
+        return self.model.checkpoint_path
 
 
-def _resolve_seed(args: argparse.Namespace, checkpoint: dict[str, Any] | None) -> int:
-    if args.seed is not None:
-        return int(args.seed)
-    if checkpoint is not None and checkpoint.get("args", {}).get("seed") is not None:
-        return int(checkpoint["args"]["seed"])
-    return 0 if args.deterministic else random.SystemRandom().randrange(2**31)
+def resolve_model(request: ModelRequest) -> ResolvedModel:
+    """Arch, dataset, input spec, attributes and transforms from the request or the checkpoint.
 
-
-def resolve_run(args: argparse.Namespace) -> RunSetup:
-    """Arch, dataset, input spec and model attrs from the command line or the checkpoint."""
-    checkpoint, path = None, None
-    if args.resume_from:
-        path = Path(args.resume_from)
-        checkpoint = load_checkpoint(path)
-        require_full_checkpoint(checkpoint, path)
-        if args.arch is not None and args.arch != checkpoint["arch"]:
-            raise CheckpointError(f"checkpoint {path} is of arch '{checkpoint['arch']}', not "
-                                  f"'{args.arch}'; drop -a or pass -a {checkpoint['arch']}")
-    arch = checkpoint["arch"] if checkpoint else args.arch
-    spec = get_arch_spec(arch)
-    dataset = args.dataset or (checkpoint["dataset"] if checkpoint else spec.default_dataset)
-    if checkpoint:
-        # The checkpoint describes the model: its preprocessing wins over today's registry.
-        input_spec = InputSpec.from_dict(checkpoint["input_spec"])
-        model_attrs = dict(checkpoint["model_attrs"])
-        num_classes = int(checkpoint["num_classes"])
+    A checkpoint describes its model: its input spec, classes and transforms win over today's
+    registry; the request may change the dataset (e.g. evaluate on synthetic data) and add a
+    memory-efficient variant.
+    """
+    checkpoint: Mapping[str, Any] | None = None
+    if request.checkpoint is not None:
+        checkpoint = load_checkpoint(request.checkpoint)
+        description = read_description(checkpoint, request.checkpoint)
+        if request.arch is not None and request.arch != description.arch:
+            raise CheckpointError(
+                f"checkpoint {request.checkpoint} is of arch '{description.arch}', not "
+                f"'{request.arch}'; drop -a or pass -a {description.arch}")
+        spec = get_arch_spec(description.arch)
+        if request.dataset is not None and request.dataset != description.dataset:
+            description = ModelDescription(description.arch, request.dataset,
+                                           description.num_classes, description.input_spec,
+                                           description.builder_attrs, description.transforms)
+    elif request.arch is not None:
+        spec = get_arch_spec(request.arch)
+        dataset = request.dataset or spec.default_dataset
+        if request.pretrained and dataset not in (spec.default_dataset, "synthetic"):
+            raise UsageError(f"--pretrained weights of {spec.name} are for "
+                             f"{spec.default_dataset}, not {dataset}; drop --pretrained or "
+                             "--dataset")
+        description = ModelDescription(spec.name, dataset, spec.num_classes(dataset),
+                                       spec.input_spec(dataset))
     else:
-        input_spec = spec.input_spec(dataset)
-        model_attrs = {}
-        num_classes = spec.num_classes(dataset)
-        if args.pretrained and dataset not in (spec.default_dataset, "synthetic"):
-            raise UsageError(f"--pretrained weights of {arch} are for {spec.default_dataset}, "
-                             f"not {dataset}; drop --pretrained or --dataset")
-    if args.memory_efficient:
-        model_attrs["memory_efficient"] = args.memory_efficient
-    return RunSetup(arch, spec, dataset, num_classes, input_spec, model_attrs,
-                    _resolve_seed(args, checkpoint), checkpoint, path)
+        raise UsageError("no architecture given: pass -a ARCH, or --resume-from CKPT")
+    if request.memory_efficient:
+        description = description.with_transform(MemoryVariantTransform.name,
+                                                  request.memory_efficient)
+    return ResolvedModel(description, spec, checkpoint, request.checkpoint,
+                         request.pretrained and checkpoint is None, request.load_weights_from)
 
 
-def load_model_state(model: nn.Module, state_dict: dict[str, Any], source: str) -> None:
-    """Load a state dict (module./_orig_mod. prefixes stripped), naming the file on mismatch."""
-    try:
-        model.load_state_dict(clean_state_dict(state_dict), strict=True)
-    except RuntimeError as exc:
-        detail = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"weights in {source} do not fit {model.arch} ({detail}); check "
-                              "the arch and the file") from None
-
-
-def build_run_model(setup: RunSetup, args: argparse.Namespace) -> nn.Module:
+def build_resolved_model(resolved: ResolvedModel) -> nn.Module:
     """Build the model; load the checkpoint's, the pretrained or the --exp-load-weights weights."""
-    model = build_model(setup.arch, setup.dataset, num_classes=setup.num_classes,
-                        input_spec=setup.input_spec, model_attrs=setup.model_attrs,
-                        pretrained=args.pretrained and setup.checkpoint is None)
-    if setup.checkpoint is not None:
-        load_model_state(model, setup.checkpoint["state_dict"], str(setup.checkpoint_path))
-    elif args.load_weights_from:
-        data = load_checkpoint(args.load_weights_from)
-        state = data.get("state_dict", data)
-        load_model_state(model, state, args.load_weights_from)
+    model = build_model(resolved.description, pretrained=resolved.pretrained)
+    if resolved.checkpoint is not None:
+        load_weights(model, resolved.checkpoint["state_dict"], str(resolved.checkpoint_path))
+    elif resolved.load_weights_from is not None:
+        data = load_checkpoint(resolved.load_weights_from)
+        load_weights(model, data.get("state_dict", data), str(resolved.load_weights_from))
     return model
+
+
+def load_model(path: str | Path, *, dataset: str | None = None,
+               memory_efficient: str | None = None) -> nn.Module:
+    """Rebuild any compressor checkpoint's model (arch, attributes, transforms) with weights."""
+    return build_resolved_model(resolve_model(ModelRequest(
+        checkpoint=Path(path), dataset=dataset, memory_efficient=memory_efficient)))
+
+
+def _checkpoint_seed(checkpoint: Mapping[str, Any] | None) -> int | None:
+    recorded = (checkpoint or {}).get("args")
+    seed = recorded.get("seed") if isinstance(recorded, Mapping) else None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else None
+
+
+def resolve_run(request: ModelRequest, *, seed: int | None = None,
+                deterministic: bool = False) -> RunSetup:
+    """The model to build and the run's seed (given, else the checkpoint's, else drawn)."""
+    resolved = resolve_model(request)
+    if seed is None:
+        seed = _checkpoint_seed(resolved.checkpoint)
+    if seed is None:
+        seed = 0 if deterministic else random.SystemRandom().randrange(2**31)
+    return RunSetup(resolved, int(seed))

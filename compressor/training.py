@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import logging
 import math
-import os
-import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,12 +16,12 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from compressor.checkpoint import (
-    FORMAT_VERSION,
+    assemble_checkpoint,
     get_rng_state,
-    plain_state_dict,
-    save_checkpoint,
+    save_run_checkpoint,
     set_rng_state,
 )
+from compressor.config import LoaderConfig, TrainConfig, make_optimizer
 from compressor.data import DatasetSplits
 from compressor.distributed import DistContext, all_reduce_sum
 from compressor.engine import evaluate, train_one_epoch
@@ -34,12 +31,9 @@ from compressor.losses import get_loss
 from compressor.run_dir import write_metrics_csv
 from compressor.run_setup import RunSetup
 
-__all__ = ["TrainState", "check_resume_epochs", "run_training", "checkpoint_state",
-           "save_run_checkpoint"]
+__all__ = ["TrainState", "check_resume_epochs", "run_training"]
 
 LOG = logging.getLogger("compressor")
-CHECKPOINT_NAME = "checkpoint.pth.tar"
-BEST_NAME = "best.pth.tar"
 
 
 @dataclass
@@ -52,68 +46,50 @@ class TrainState:
     history: list[dict[str, Any]] = field(default_factory=list)
 
 
-def check_resume_epochs(args: argparse.Namespace, setup: RunSetup) -> None:
+def check_resume_epochs(config: TrainConfig, setup: RunSetup) -> None:
     """--epochs counts all epochs: it must exceed those the checkpoint already completed."""
-    if setup.checkpoint is None or args.reset_optimizer:
+    if setup.checkpoint is None or config.reset_optimizer:
         return
-    done = int(setup.checkpoint["epoch"]) + 1
-    if args.epochs <= done:
-        raise UsageError(f"--epochs {args.epochs} is not above the {done} epoch(s) that "
+    done = _int_key(setup, "epoch") + 1
+    if config.epochs <= done:
+        raise UsageError(f"--epochs {config.epochs} is not above the {done} epoch(s) that "
                          f"{setup.checkpoint_path} already completed; pass --epochs "
                          f"{done + 1} or more (the total, as in Distiller)")
 
 
-def _restore(args: argparse.Namespace, setup: RunSetup, optimizer: torch.optim.Optimizer,
+def _int_key(setup: RunSetup, key: str) -> int:
+    value = (setup.checkpoint or {}).get(key)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise UsageError(f"checkpoint {setup.checkpoint_path} has no training progress "
+                         f"('{key}' missing); evaluate it with -e, or train from it with "
+                         "--exp-load-weights-from")
+    return value
+
+
+def _restore(config: TrainConfig, setup: RunSetup, optimizer: torch.optim.Optimizer,
              compression: Any) -> TrainState:
     checkpoint = setup.checkpoint
-    if checkpoint is None or args.reset_optimizer:
+    if checkpoint is None or config.reset_optimizer:
         return TrainState()
     optimizer.load_state_dict(checkpoint["optimizer"])
     if compression is not None and checkpoint.get("compression"):
         compression.load_state_dict(checkpoint["compression"])
     if checkpoint.get("rng"):
         set_rng_state(checkpoint["rng"])
-    return TrainState(int(checkpoint["epoch"]) + 1, float(checkpoint["best_top1"]),
+    return TrainState(_int_key(setup, "epoch") + 1, float(checkpoint["best_top1"]),
                       int(checkpoint["best_epoch"]), list(checkpoint.get("history", [])))
 
 
-def checkpoint_state(setup: RunSetup, model: nn.Module, args: argparse.Namespace,
-                     **progress: Any) -> dict[str, Any]:
-    """The checkpoint dict of DESIGN.md for `model` (unwrapped) and the given progress keys."""
-    return {
-        "format_version": FORMAT_VERSION,
-        "arch": setup.arch,
-        "dataset": setup.dataset,
-        "num_classes": setup.num_classes,
-        "model_attrs": dict(model.model_attrs),
-        "input_spec": setup.input_spec.to_dict(),
-        "state_dict": plain_state_dict(model),
-        "args": {**vars(args), "arch": setup.arch, "dataset": setup.dataset,
-                 "seed": setup.seed},
-        **progress,
-    }
-
-
-def save_run_checkpoint(run_dir: Path, state: dict[str, Any], is_best: bool) -> None:
-    """Write checkpoint.pth.tar atomically and, when best, copy it atomically to best.pth.tar."""
-    path = run_dir / CHECKPOINT_NAME
-    save_checkpoint(path, state)
-    if is_best:
-        tmp = run_dir / f".{BEST_NAME}.tmp-{os.getpid()}"
-        shutil.copyfile(path, tmp)
-        os.replace(tmp, run_dir / BEST_NAME)
-
-
-def _load_compression(args: argparse.Namespace, model: nn.Module,
-                      optimizer: torch.optim.Optimizer) -> Any:
-    if not args.compress:
+def _load_compression(config: TrainConfig, model: nn.Module,
+                      optimizer: torch.optim.Optimizer, seed: int) -> Any:
+    if config.compress is None:
         return None
     from compressor.schedule import load_schedule
 
-    return load_schedule(args.compress, model, optimizer)
+    return load_schedule(config.compress, model, optimizer)
 
 
-def _epoch_row(epoch: int, lr: float, train: dict[str, float], val: dict[str, float]
+def _epoch_row(epoch: int, lr: float, train: Mapping[str, float], val: Mapping[str, float]
                ) -> dict[str, Any]:
     """One metrics.csv row (and one entry of the checkpoint's history)."""
     return {"epoch": epoch, "lr": lr, "train_loss": train["loss"], "train_top1": train["top1"],
@@ -134,28 +110,51 @@ def _heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
-def run_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, model: nn.Module,
-                 data: DatasetSplits, run_dir: Path | None) -> dict[str, Any]:
-    """Train from the start or the checkpoint's epoch to --epochs; returns the final metrics."""
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum,
-                                weight_decay=args.weight_decay)
-    compression = _load_compression(args, model, optimizer)
-    state = _restore(args, setup, optimizer, compression)
-    loss_fn = get_loss(setup.arch_spec.loss)
-    net = DistributedDataParallel(model) if ctx.enabled else model
+def _parameter_ids(model: nn.Module) -> tuple[int, ...]:
+    return tuple(id(param) for param in model.parameters())
+
+
+def _wrap(model: nn.Module, ctx: DistContext) -> nn.Module:
+    """The model as trained: under DDP, wrapped; its parameters must be the model's current ones."""
+    return DistributedDataParallel(model) if ctx.enabled else model
+
+
+def _begin_epoch(compression: Any, epoch: int, model: nn.Module, net: nn.Module,
+                 ctx: DistContext) -> nn.Module:
+    """Run the schedule's epoch start; a thinning step replaces parameters: rewrap for DDP."""
+    if compression is None:
+        return net
+    before = _parameter_ids(model)
+    compression.on_epoch_begin(epoch)
+    if ctx.enabled and _parameter_ids(model) != before:
+        LOG.info("epoch %d: the model's structure changed; DDP wrapper rebuilt", epoch)
+        return _wrap(model, ctx)
+    return net
+
+
+def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: DatasetSplits,
+                 run_dir: Path | None, config: TrainConfig,
+                 args_record: Mapping[str, Any]) -> dict[str, Any]:
+    """Train from the start or the checkpoint's epoch to config.epochs; returns final metrics."""
+    optimizer = make_optimizer(model.parameters(), config.optimizer)
+    compression = _load_compression(config, model, optimizer, setup.seed)
+    state = _restore(config, setup, optimizer, compression)
+    loss_fn = get_loss(setup.model.arch_spec.loss)
+    net = _wrap(model, ctx)
+    loader_cfg: LoaderConfig = config.loader
     monitor_set = data.val if data.val is not None else data.test
-    monitor = eval_loader(monitor_set, args.batch_size, args.workers, ctx)
+    monitor = eval_loader(monitor_set, loader_cfg.batch_size, loader_cfg.workers, ctx)
     reduce = all_reduce_sum if ctx.enabled else None
     with _heap_frozen():
-        for epoch in range(state.start_epoch, args.epochs):
+        for epoch in range(state.start_epoch, config.epochs):
             seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
-            if compression is not None:
-                compression.on_epoch_begin(epoch)
-            loader = train_loader(data.train, args.batch_size, args.workers, setup.seed, epoch,
-                                  ctx)
+            net = _begin_epoch(compression, epoch, model, net, ctx)
+            loader = train_loader(data.train, loader_cfg.batch_size, loader_cfg.workers,
+                                  setup.seed, epoch, ctx)
             lr = optimizer.param_groups[0]["lr"]
             train = train_one_epoch(net, loader, loss_fn, optimizer, ctx.device, epoch,
-                                    hooks=compression, print_freq=args.print_freq, reduce=reduce)
+                                    hooks=compression, print_freq=config.print_freq,
+                                    reduce=reduce)
             val = evaluate(net, monitor, ctx.device, reduce=reduce, desc="validate")
             if compression is not None:
                 compression.on_epoch_end(epoch, val)
@@ -167,14 +166,15 @@ def run_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, mo
                      "%.1fs", epoch, train["loss"], train["top1"], val["loss"], val["top1"],
                      val["top5"], train["time"])
             if run_dir is not None:
-                save_run_checkpoint(run_dir, checkpoint_state(
-                    setup, model, args, optimizer=optimizer.state_dict(), lr_scheduler=None,
+                save_run_checkpoint(run_dir, assemble_checkpoint(
+                    model, args=args_record, optimizer=optimizer.state_dict(),
+                    lr_scheduler=None,
                     compression=compression.state_dict() if compression is not None else None,
                     epoch=epoch, best_top1=state.best_top1, best_epoch=state.best_epoch,
                     rng=get_rng_state(), history=state.history), is_best)
                 write_metrics_csv(run_dir, state.history)
-    test = evaluate(net, eval_loader(data.test, args.batch_size, args.workers, ctx), ctx.device,
-                    reduce=reduce, desc="test")
+    test = evaluate(net, eval_loader(data.test, loader_cfg.batch_size, loader_cfg.workers, ctx),
+                    ctx.device, reduce=reduce, desc="test")
     last_epoch = state.history[-1]["epoch"] if state.history else state.start_epoch - 1
     return {**test, "epoch": last_epoch, "best_top1": state.best_top1,
             "best_epoch": state.best_epoch,

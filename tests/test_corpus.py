@@ -18,6 +18,7 @@ import yaml
 from compressor.engine import train_one_epoch
 from compressor.errors import ScheduleError, UsageError
 from compressor.losses import cross_entropy
+from compressor.models.description import description_of
 from compressor.models.registry import create_model, get_arch_spec, list_archs
 from compressor.pruning import LevelPruner, sparsity
 from compressor.schedule import QUANTIZER_CLASSES, load_schedule
@@ -95,13 +96,14 @@ def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> No
     sched = load_schedule(source, model, optimizer)
     acting = [min(p.window.epochs) for p in sched.policies if p.kind != "lr_scheduler"]
     epoch = min(acting) if acting else 0
-    imagenet = model.input_spec.input_size[-1] > 64
+    imagenet = description_of(model).input_spec.input_size[-1] > 64
     has_bn1d = any(isinstance(m, torch.nn.BatchNorm1d) for m in model.modules())
     batches, batch_size = (1, 2 if has_bn1d else 1) if imagenet else (2, 2)
     params_before = sum(p.numel() for p in model.parameters())
     torch.manual_seed(1)
-    data = [(torch.randn(batch_size, *model.input_spec.input_size),
-             torch.randint(0, model.num_classes, (batch_size,))) for _ in range(batches)]
+    description = description_of(model)
+    data = [(torch.randn(batch_size, *description.input_spec.input_size),
+             torch.randint(0, description.num_classes, (batch_size,))) for _ in range(batches)]
     sched.on_epoch_begin(epoch)
     metrics = train_one_epoch(model, data, cross_entropy, optimizer, torch.device("cpu"), epoch,
                               hooks=sched)

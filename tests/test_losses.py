@@ -9,6 +9,7 @@ from torchvision.models import GoogLeNetOutputs, InceptionOutputs
 from compressor.engine import count_correct
 from compressor.losses import cross_entropy, get_loss, main_logits
 from compressor.models import create_model, get_arch_spec
+from compressor.models.description import description_of
 
 
 def _logits(seed: int) -> torch.Tensor:
@@ -54,9 +55,10 @@ def test_inception_v3_trains_a_step_at_299_through_the_aux_loss() -> None:
     torch.manual_seed(0)
     spec = get_arch_spec("inception_v3")
     model = create_model("inception_v3", "imagenet", num_classes=10)
-    assert model.input_spec.input_size == (3, 299, 299)
-    assert model.transform_input is False and model.model_attrs["transform_input"] is False
-    inputs = torch.randn(2, *model.input_spec.input_size)
+    assert description_of(model).input_spec.input_size == (3, 299, 299)
+    assert model.transform_input is False
+    assert description_of(model).builder_attrs["transform_input"] is False
+    inputs = torch.randn(2, *description_of(model).input_spec.input_size)
     target = torch.tensor([1, 7])
     model.train()
     output = model(inputs)

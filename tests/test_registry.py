@@ -9,6 +9,7 @@ from torchvision.models import list_models
 from compressor.errors import UsageError
 from compressor.losses import LOSSES, get_loss, main_logits
 from compressor.models import create_model, get_arch_spec, list_archs, register_model
+from compressor.models.description import description_of
 from compressor.models.registry import DATASETS
 
 OWN_ARCHS = [name for name in list_archs() if get_arch_spec(name).family != "torchvision"]
@@ -45,14 +46,15 @@ def test_builds_and_trains_at_its_input_spec(arch: str) -> None:
     torch.manual_seed(0)
     spec = get_arch_spec(arch)
     model = create_model(arch, spec.default_dataset)
-    assert (model.arch, model.dataset) == (arch, spec.default_dataset)
-    assert model.input_spec == spec.input_spec(spec.default_dataset)
-    inputs = torch.randn(2, *model.input_spec.input_size, requires_grad=True)
+    description = description_of(model)
+    assert (description.arch, description.dataset) == (arch, spec.default_dataset)
+    assert description.input_spec == spec.input_spec(spec.default_dataset)
+    inputs = torch.randn(2, *description_of(model).input_spec.input_size, requires_grad=True)
     model.train()
     output = model(inputs)
     loss = get_loss(spec.loss)(output, torch.tensor([0, 1]))
     loss.backward()
-    assert main_logits(output).shape == (2, model.num_classes)
+    assert main_logits(output).shape == (2, description_of(model).num_classes)
     assert inputs.grad is not None and torch.isfinite(inputs.grad).all()
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
@@ -73,5 +75,5 @@ def test_duplicate_registration_is_refused() -> None:
 
 def test_cifar_resnet_adapts_to_one_channel_28px() -> None:
     model = create_model("resnet20_cifar", "fashion-mnist")
-    assert model.input_spec.input_size == (1, 28, 28)
+    assert description_of(model).input_spec.input_size == (1, 28, 28)
     assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)

@@ -47,10 +47,10 @@ class StructureRemover:
 
     def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Thin `model` in place, rebind the optimizer; returns the composed recipe."""
-        from compressor.thinning import thin_model
+        from compressor.transforms import thin
 
         old = dict(model.named_parameters())
-        recipe = thin_model(model)
+        recipe = thin(model)
         rebind_optimizer(optimizer, old, dict(model.named_parameters()))
         LOG.info("%s: thinned the model (%s)", self.name, self.thinning_func)
         return recipe

@@ -1,0 +1,74 @@
+"""Small typed run configs, built once from the parsed command line by compressor.app.
+
+Library code (training, thinning, model resolution) takes these, never argparse.Namespace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+__all__ = ["OptimizerConfig", "LoaderConfig", "DataConfig", "ModelRequest", "TrainConfig",
+           "make_optimizer"]
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """SGD with momentum and weight decay, as Distiller's compress_classifier.py."""
+
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+
+
+@dataclass(frozen=True)
+class LoaderConfig:
+    """DataLoader settings."""
+
+    batch_size: int = 256
+    workers: int = 0
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the data is and which fractions of it a run uses (--vs, --etrs, --evs, --etes)."""
+
+    root: str | None = None
+    validation_split: float = 0.1
+    effective_train_size: float = 1.0
+    effective_valid_size: float = 1.0
+    effective_test_size: float = 1.0
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """What the user asked to build: an arch, or a checkpoint to rebuild (and options)."""
+
+    arch: str | None = None
+    checkpoint: Path | None = None
+    dataset: str | None = None
+    pretrained: bool = False
+    memory_efficient: str | None = None
+    load_weights_from: Path | None = None
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The epoch loop: total epochs, logging, schedule, optimizer and loader settings."""
+
+    epochs: int
+    optimizer: OptimizerConfig
+    loader: LoaderConfig
+    print_freq: int = 10
+    compress: Path | None = None
+    reset_optimizer: bool = False
+
+
+def make_optimizer(params: Iterable[torch.nn.Parameter],
+                   config: OptimizerConfig) -> torch.optim.Optimizer:
+    """The one optimizer factory: SGD(lr, momentum, weight_decay)."""
+    return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
+                           weight_decay=config.weight_decay)

@@ -1,0 +1,135 @@
+"""The table of framework transforms applied after a model's builder, in recipe order.
+
+Each transform is a small class with `apply(model, recipe)` (give a freshly built model the
+structure the recipe records) and `recipe_of(model)` (the recipe it carries). The recipes are
+plain values stored, in order, in the model's ModelDescription and so in the checkpoint's
+`model_attrs["transforms"]`; `compressor.model_builder.build_model` replays them. A new
+method that changes a model's structure adds one class here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor, nn
+
+from compressor.errors import CheckpointError
+from compressor.models.description import (
+    TransformStep,
+    describe,
+    description_of,
+    unwrap_model,
+)
+from compressor.models.registry import get_arch_spec
+
+__all__ = ["Transform", "MemoryVariantTransform", "ThinningTransform", "TRANSFORMS",
+           "get_transform", "apply_transform", "apply_recipes", "recipe_of", "thin",
+           "probe_batch"]
+
+PROBE_SEED = 0  # thinning's probe batch is the same on every rank and in every rerun
+
+
+class Transform(Protocol):
+    """A structural change recorded as plain data and replayed on load."""
+
+    name: str
+
+    def apply(self, model: nn.Module, recipe: Any) -> nn.Module:
+        """Give `model` the structure `recipe` records; returns the (possibly new) module."""
+        ...
+
+    def recipe_of(self, model: nn.Module) -> Any | None:
+        """The recipe of this transform that `model` carries (None when not applied)."""
+        ...
+
+
+class MemoryVariantTransform:
+    """`--memory-efficient recompute | inplace-abn` (compressor.memory)."""
+
+    name = "memory_efficient"
+
+    def apply(self, model: nn.Module, recipe: Any) -> nn.Module:
+        """Turn the model into its memory-efficient variant `recipe`."""
+        from compressor.memory import apply_memory_variant
+
+        return apply_memory_variant(model, get_arch_spec(description_of(model).arch), recipe)
+
+    def recipe_of(self, model: nn.Module) -> Any | None:
+        """The variant name."""
+        return description_of(model).recipe(self.name)
+
+
+class ThinningTransform:
+    """Removed filters and channels (compressor.thinning): a recipe of removed indices."""
+
+    name = "thinning"
+
+    def apply(self, model: nn.Module, recipe: Any) -> nn.Module:
+        """Slice a freshly built model to the thinned shapes."""
+        from compressor.thinning import apply_thinning_recipe
+
+        return apply_thinning_recipe(model, recipe)
+
+    def recipe_of(self, model: nn.Module) -> Any | None:
+        """The composed recipe (indices of the freshly built model)."""
+        return description_of(model).recipe(self.name)
+
+
+TRANSFORMS: Mapping[str, Transform] = MappingProxyType({
+    transform.name: transform for transform in (MemoryVariantTransform(), ThinningTransform())})
+
+
+def get_transform(name: str) -> Transform:
+    """The transform registered under `name`; an unknown one means a newer checkpoint."""
+    if name not in TRANSFORMS:
+        raise CheckpointError(f"unknown model transform '{name}' in model_attrs (known: "
+                              f"{', '.join(TRANSFORMS)}); upgrade compressor or use another "
+                              "checkpoint")
+    return TRANSFORMS[name]
+
+
+def apply_transform(model: nn.Module, name: str, recipe: Any) -> nn.Module:
+    """Apply one transform and record its recipe in the model's description."""
+    description = description_of(model)
+    transformed = get_transform(name).apply(model, recipe)
+    return describe(transformed, description.with_transform(name, recipe))
+
+
+def apply_recipes(model: nn.Module, steps: Iterable[TransformStep]) -> nn.Module:
+    """Replay transform steps in order on a freshly built model."""
+    for step in steps:
+        model = apply_transform(model, step.name, step.recipe)
+    return model
+
+
+def recipe_of(model: nn.Module, name: str) -> Any | None:
+    """The recipe of transform `name` that `model` carries."""
+    return get_transform(name).recipe_of(model)
+
+
+def probe_batch(model: nn.Module, batch_size: int = 2) -> Tensor:
+    """A seeded random batch at the model's InputSpec, on its device (identical on all ranks)."""
+    spec = description_of(model).input_spec
+    param = next(unwrap_model(model).parameters())
+    generator = torch.Generator().manual_seed(PROBE_SEED)
+    batch = torch.randn(batch_size, *spec.input_size, generator=generator)
+    return batch.to(device=param.device, dtype=param.dtype)
+
+
+def thin(model: nn.Module) -> dict[str, Any]:
+    """Remove `model`'s zeroed filters and channels in place; returns the composed recipe.
+
+    The recipe, composed with any earlier thinning, is recorded in the model's description,
+    so a checkpoint of the model rebuilds the thin shapes.
+    """
+    from compressor.thinning import compose_recipes, thin_model
+
+    inner = unwrap_model(model)
+    description = description_of(inner)
+    recipe = thin_model(inner, inputs=probe_batch(inner))
+    composed = compose_recipes(description.recipe(ThinningTransform.name), recipe)
+    describe(inner, description.with_transform(ThinningTransform.name, composed))
+    return composed
