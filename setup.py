@@ -9,6 +9,7 @@ setup(
     python_requires=">=3.11",
     packages=find_packages(include=["compressor", "compressor.*"]),
     py_modules=["compress_classifier"],
+    package_data={"compressor.data": ["imagenet_wnids.txt"]},
     install_requires=[
         "torch==2.14.1",
         "torchvision==0.29.1",

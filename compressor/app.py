@@ -27,7 +27,7 @@ from compressor.config import (
     TrainConfig,
     make_optimizer,
 )
-from compressor.data import DatasetSplits, load_datasets
+from compressor.data import DatasetSplits, EvaluationData, load_datasets, load_test_dataset
 from compressor.distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown
 from compressor.engine import evaluate
 from compressor.errors import CompressorError
@@ -105,9 +105,11 @@ def _data_config(args: argparse.Namespace, training: bool) -> DataConfig:
                       effective_test_size=args.effective_test_size)
 
 
-def _args_record(args: argparse.Namespace, setup: RunSetup) -> dict[str, Any]:
+def _args_record(args: argparse.Namespace, setup: RunSetup,
+                 class_names: tuple[str, ...]) -> dict[str, Any]:
     """The resolved arguments: args.yaml, and the checkpoint's `args`."""
-    return {**vars(args), **setup.description.to_dict(), "seed": setup.seed}
+    return {**vars(args), **setup.description.to_dict(), "seed": setup.seed,
+            "class_names": list(class_names)}
 
 
 def _is_training(args: argparse.Namespace) -> bool:
@@ -148,14 +150,27 @@ def _summaries(args: argparse.Namespace, model: nn.Module) -> int:
     return 0
 
 
-def _load_data(setup: RunSetup, config: DataConfig) -> DatasetSplits:
+def _load_data(setup: RunSetup, config: DataConfig, training: bool
+               ) -> DatasetSplits | EvaluationData:
+    """Training: train/validation/test splits; otherwise the test split alone (no train files)."""
     description = setup.description
+    checkpoint = setup.checkpoint or {}
+    recorded = checkpoint.get("args")
+    pretrained = setup.model.pretrained or bool(
+        isinstance(recorded, dict) and recorded.get("pretrained"))
+    names = recorded.get("class_names") if isinstance(recorded, dict) else None
+    labels = {"seed": setup.seed, "num_classes": description.num_classes,
+              "pretrained": pretrained,
+              "class_names": [str(n) for n in names] if isinstance(names, list) and names
+              else None}
+    if not training:
+        return load_test_dataset(description.dataset, config.root, description.input_spec,
+                                 effective_test_size=config.effective_test_size, **labels)
     return load_datasets(description.dataset, config.root, description.input_spec,
                          validation_split=config.validation_split,
                          effective_train_size=config.effective_train_size,
                          effective_valid_size=config.effective_valid_size,
-                         effective_test_size=config.effective_test_size, seed=setup.seed,
-                         num_classes=description.num_classes)
+                         effective_test_size=config.effective_test_size, **labels)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -174,13 +189,13 @@ def run(args: argparse.Namespace) -> int:
     config = _train_config(args)
     if training:
         check_resume_epochs(config, setup)
-    data = _load_data(setup, _data_config(args, training))
+    data = _load_data(setup, _data_config(args, training), training)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
     run_dir = choose_run_dir(args.output_dir, args.name, setup.arch, resume_dir)
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
     barrier()
-    record = _args_record(args, setup)
+    record = _args_record(args, setup, data.class_names)
     with logging_to(run_dir if ctx.is_main else None, ctx.is_main) as log:
         log.info("run directory %s", run_dir)
         if ctx.is_main:
@@ -207,7 +222,7 @@ def _progress_of(setup: RunSetup, test: dict[str, float]) -> dict[str, Any]:
 
 
 def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
-                   model: nn.Module, data: DatasetSplits, run_dir: Path | None,
+                   model: nn.Module, data: EvaluationData, run_dir: Path | None,
                    config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
     """Evaluate, analyse sensitivity or thin a model on the test split."""
     loader = eval_loader(data.test, config.loader.batch_size, config.loader.workers, ctx)

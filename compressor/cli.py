@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
+from compressor.datasets import dataset_names
 from compressor.errors import UsageError
 from compressor.memory import MEMORY_VARIANTS
 
 __all__ = ["get_args_parser", "parse_args"]
 
-DATASET_CHOICES = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "imagenet",
-                   "synthetic")
+INT_MAX = 2**31 - 1  # counts (batch size, epochs, print frequency, GPU index)
+MAX_WORKERS = 1024
+SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 SUMMARY_CHOICES = ("sparsity", "compute", "model", "modules")
 SENSE_CHOICES = ("element", "filter", "channel")
 
@@ -25,29 +29,94 @@ class _OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not a fraction in [0, 1]")
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text[:40]}' is not a number") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
     return value
+
+
+def _real(low: float | None, high: float | None, *, low_open: bool = False,
+          high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite float in the given interval (bounds None are unbounded)."""
+    if low is not None and high is not None:
+        domain = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        domain = f"{'>' if low_open else '>='} {low:g}"
+    else:
+        domain = "finite"
+
+    def parse(text: str) -> float:
+        value = _finite(text)
+        below = low is not None and (value <= low if low_open else value < low)
+        above = high is not None and (value >= high if high_open else value > high)
+        if below or above:
+            raise argparse.ArgumentTypeError(f"must be a number {domain}, got {text}")
+        return value
+
+    return parse
+
+
+def _integer(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: an integer in low..high (both included)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text[:40]}' is not an integer") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be an integer in {low}..{high}, "
+                                             f"got {text[:40]}")
+        return value
+
+    return parse
+
+
+def _gpu_list(text: str) -> list[int]:
+    """--gpus: distinct non-negative GPU indices separated by commas, e.g. 0,1."""
+    index = _integer(0, INT_MAX)
+    try:
+        gpus = [index(part.strip()) for part in text.split(",") if part.strip()]
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{exc} (expected comma-separated GPU indices, "
+                                         "e.g. 0,1)") from None
+    if not gpus:
+        raise argparse.ArgumentTypeError("expected comma-separated GPU indices, e.g. 0,1")
+    if len(set(gpus)) != len(gpus):
+        raise argparse.ArgumentTypeError(f"{text} lists a GPU twice; list each GPU once")
+    return gpus
+
+
+_validation_split = _real(0.0, 1.0, high_open=True)
+_effective_size = _real(0.0, 1.0, low_open=True)
 
 
 def _add_data_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data")
     group.add_argument("data", metavar="DATASET_DIR", nargs="?", default=None,
                        help="dataset directory (not needed for digits and synthetic)")
-    group.add_argument("--dataset", choices=DATASET_CHOICES, default=None,
+    group.add_argument("--dataset", choices=dataset_names(), default=None,
                        help="dataset (default: inferred from the arch or the checkpoint)")
-    group.add_argument("-j", "--workers", type=int, default=4, help="data loading workers")
-    group.add_argument("-b", "--batch-size", type=int, default=256, help="mini-batch size")
-    group.add_argument("--vs", "--validation-split", dest="validation_split", type=_fraction,
-                       default=0.1, help="fraction of the training set held out for validation")
+    group.add_argument("-j", "--workers", type=_integer(0, MAX_WORKERS), default=4,
+                       help="data loading workers")
+    group.add_argument("-b", "--batch-size", type=_integer(1, INT_MAX), default=256,
+                       help="mini-batch size")
+    group.add_argument("--vs", "--validation-split", dest="validation_split",
+                       type=_validation_split, default=0.1,
+                       help="fraction of the training set held out for validation, in [0, 1)")
     group.add_argument("--etrs", "--effective-train-size", dest="effective_train_size",
-                       type=_fraction, default=1.0, help="fraction of the training set to use")
+                       type=_effective_size, default=1.0,
+                       help="fraction of the training set to use, in (0, 1]")
     group.add_argument("--evs", "--effective-valid-size", dest="effective_valid_size",
-                       type=_fraction, default=1.0, help="fraction of the validation set to use")
+                       type=_effective_size, default=1.0,
+                       help="fraction of the validation set to use, in (0, 1]")
     group.add_argument("--etes", "--effective-test-size", dest="effective_test_size",
-                       type=_fraction, default=1.0, help="fraction of the test set to use")
+                       type=_effective_size, default=1.0,
+                       help="fraction of the test set to use, in (0, 1]")
 
 
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
@@ -64,18 +133,22 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_training_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--epochs", type=int, default=90,
+    group.add_argument("--epochs", type=_integer(0, INT_MAX), default=90,
                        help="total number of epochs (also when resuming)")
-    group.add_argument("--lr", "--learning-rate", dest="lr", type=float, default=0.1)
-    group.add_argument("--momentum", type=float, default=0.9)
-    group.add_argument("--wd", "--weight-decay", dest="weight_decay", type=float, default=1e-4)
-    group.add_argument("-p", "--print-freq", type=int, default=10,
-                       help="log every N mini-batches")
+    group.add_argument("--lr", "--learning-rate", dest="lr", type=_real(0.0, None, low_open=True),
+                       default=0.1, help="learning rate, > 0")
+    group.add_argument("--momentum", type=_real(0.0, 1.0, high_open=True), default=0.9,
+                       help="SGD momentum, in [0, 1)")
+    group.add_argument("--wd", "--weight-decay", dest="weight_decay", type=_real(0.0, None),
+                       default=1e-4, help="weight decay, >= 0")
+    group.add_argument("-p", "--print-freq", type=_integer(0, INT_MAX), default=10,
+                       help="log every N mini-batches (0: never)")
     group.add_argument("--deterministic", "--det", action="store_true",
                        help="reproducible run (seed 0 unless --seed is given)")
-    group.add_argument("--seed", type=int, default=None, help="random seed")
+    group.add_argument("--seed", type=_integer(0, SEED_MAX), default=None,
+                       help="random seed, in 0..2**63-1")
     group.add_argument("--cpu", action="store_true", help="run on the CPU even if CUDA exists")
-    group.add_argument("--gpus", default=None,
+    group.add_argument("--gpus", type=_gpu_list, default=None,
                        help="comma-separated GPU indices to use, e.g. 0,1")
 
 
@@ -104,9 +177,9 @@ def _add_compression_args(parser: argparse.ArgumentParser) -> None:
                        help="print a summary of the model and exit")
     group.add_argument("--sense", choices=SENSE_CHOICES, default=None,
                        help="sensitivity analysis by pruning granularity")
-    group.add_argument("--sense-range", dest="sense_range", type=float, nargs=3,
+    group.add_argument("--sense-range", dest="sense_range", type=_real(None, None), nargs=3,
                        default=(0.0, 0.95, 0.05), metavar=("START", "STOP", "STEP"),
-                       help="sparsity levels for --sense")
+                       help="sparsity levels for --sense: 0 <= START < STOP <= 1, STEP > 0")
     group.add_argument("--thinnify", action="store_true",
                        help="with --resume-from: remove zeroed filters/channels and save")
 
@@ -124,13 +197,23 @@ def get_args_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_sense_range(parser: argparse.ArgumentParser, levels: tuple[float, ...]) -> None:
+    start, stop, step = levels
+    if not 0.0 <= start < 1.0:
+        parser.error(f"argument --sense-range: START must be in [0, 1), got {start:g}")
+    if not start < stop <= 1.0:
+        parser.error(f"argument --sense-range: STOP must be in (START, 1], got {stop:g}")
+    if step <= 0.0:
+        parser.error(f"argument --sense-range: STEP must be > 0, got {step:g}")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse and cross-check the command line."""
-    args = get_args_parser().parse_args(argv)
+    """Parse and cross-check the command line; a value out of its domain exits with status 2."""
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    _check_sense_range(parser, tuple(args.sense_range))
     if args.arch is None and args.resume_from is None:
         raise UsageError("no architecture given: pass -a ARCH, or --resume-from CKPT")
-    if args.epochs < 0 or args.batch_size < 1 or args.workers < 0:
-        raise UsageError("--epochs, -b and -j must be positive")
     if args.thinnify and args.resume_from is None:
         raise UsageError("--thinnify needs --resume-from CKPT (the pruned model to thin)")
     if args.dry_run and args.compress is None:
@@ -139,14 +222,4 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UsageError("--reset-optimizer needs --resume-from CKPT")
     if args.resume_from and args.load_weights_from:
         raise UsageError("give either --resume-from or --exp-load-weights-from, not both")
-    args.gpus = _parse_gpus(args.gpus)
     return args
-
-
-def _parse_gpus(text: str | None) -> list[int] | None:
-    if text is None:
-        return None
-    try:
-        return [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"--gpus {text}: expected comma-separated indices, e.g. 0,1") from None

@@ -1,4 +1,8 @@
-"""Model size and cost figures: parameters, non-zeros, sparsity, MACs and saved-file size."""
+"""Model size and cost figures: parameters, non-zeros, sparsity, MACs and saved-file size.
+
+Pruning masks are applied in place to plain parameters (compressor.schedule), so the model's
+own parameters and state_dict are what the forward pass sees: no mask bookkeeping here.
+"""
 
 from __future__ import annotations
 
@@ -11,62 +15,22 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parametrize
+
+from compressor.models.description import description_of
 
 __all__ = [
-    "LayerCost", "effective_parameters", "effective_state_dict", "weight_tensors",
-    "sparsity", "module_kind", "layer_costs", "count_macs", "model_file_size", "model_metrics",
-    "probe_input",
+    "LayerCost", "weight_tensors", "layer_costs", "count_macs", "model_file_size",
+    "model_metrics", "probe_input",
 ]
 
 COMPUTE_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 
 
-def effective_parameters(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
-    """(name, value) of every parameter as the forward pass sees it, masks applied.
-
-    A parametrized tensor (a pruning mask) is reported once under its plain name
-    (`conv1.weight`, not `conv1.parametrizations.weight.original`), with its masked value.
-    """
-    for module_name, module in model.named_modules():
-        if isinstance(module, parametrize.ParametrizationList) or ".parametrizations." in (
-                f".{module_name}."):
-            continue
-        prefix = f"{module_name}." if module_name else ""
-        if parametrize.is_parametrized(module):
-            for name in module.parametrizations:
-                yield prefix + name, getattr(module, name).detach()
-        for name, param in module.named_parameters(recurse=False):
-            yield prefix + name, param.detach()
-
-
-def effective_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The state_dict a deployed model needs: masked parameters and plain buffers."""
-    state = dict(effective_parameters(model))
-    for name, buffer in model.named_buffers():
-        if ".parametrizations." not in f".{name}":
-            state[name] = buffer.detach()
-    return state
-
-
 def weight_tensors(model: nn.Module) -> Iterator[tuple[str, nn.Module, Tensor]]:
-    """(name, module, masked weight) of every convolution and fully connected layer."""
+    """(name, module, weight) of every convolution and fully connected layer."""
     for module_name, module in model.named_modules():
         if isinstance(module, COMPUTE_LAYERS):
             yield f"{module_name}.weight", module, module.weight.detach()
-
-
-def module_kind(module: nn.Module) -> str:
-    """The class name of a module, ignoring the subclass that parametrize adds for masks."""
-    cls = type(module)
-    if parametrize.is_parametrized(module):
-        cls = cls.__mro__[1]
-    return cls.__name__
-
-
-def sparsity(tensor: Tensor) -> float:
-    """Fraction of exact zeros in a tensor."""
-    return 1.0 - float(torch.count_nonzero(tensor)) / max(tensor.numel(), 1)
 
 
 @dataclass(frozen=True)
@@ -82,10 +46,8 @@ class LayerCost:
 
 
 def probe_input(model: nn.Module, batch_size: int = 1) -> Tensor:
-    """A zero batch at the model's own InputSpec (its registry entry's input size)."""
-    spec = getattr(model, "input_spec", None)
-    if spec is None:
-        raise ValueError("the model has no input_spec; build it with compressor.models")
+    """A zero batch at the model's own InputSpec (its ModelDescription's input size)."""
+    spec = description_of(model).input_spec
     param = next(model.parameters(), None)
     device = param.device if param is not None else torch.device("cpu")
     dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
@@ -109,7 +71,7 @@ def layer_costs(model: nn.Module, inputs: Tensor | None = None) -> list[LayerCos
 
     def hook(module: nn.Module, args: tuple[Any, ...], output: Tensor) -> None:
         records.append(LayerCost(
-            name=names[module], kind=module_kind(module),
+            name=names[module], kind=type(module).__name__,
             input_shape=tuple(args[0].shape[1:]), output_shape=tuple(output.shape[1:]),
             weights=module.weight.numel(), macs=_layer_macs(module, output)))
 
@@ -133,13 +95,13 @@ def count_macs(model: nn.Module) -> int:
 
 
 def model_file_size(model: nn.Module) -> tuple[int, int]:
-    """Bytes of the saved model (masks baked in), plain and zlib-compressed.
+    """Bytes of the saved state_dict (masks are in the weights), plain and zlib-compressed.
 
     Element-wise sparsity leaves the plain size unchanged; the compressed size shows what
     the zeros would save in a compressed file format.
     """
     buffer = io.BytesIO()
-    torch.save({k: v.cpu() for k, v in effective_state_dict(model).items()}, buffer)
+    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
     data = buffer.getvalue()
     return len(data), len(zlib.compress(data, 1))
 
@@ -147,7 +109,7 @@ def model_file_size(model: nn.Module) -> tuple[int, int]:
 def model_metrics(model: nn.Module, checkpoint_path: str | os.PathLike | None = None
                   ) -> dict[str, Any]:
     """Size and cost figures that a run adds to results.json."""
-    params = dict(effective_parameters(model))
+    params = {name: param.detach() for name, param in model.named_parameters()}
     total = sum(p.numel() for p in params.values())
     nonzero = sum(int(torch.count_nonzero(p)) for p in params.values())
     weights = [w for _, _, w in weight_tensors(model)]

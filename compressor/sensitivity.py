@@ -2,6 +2,8 @@
 
 For every convolution/linear weight and every sparsity level, the layer is pruned (element
 magnitude, or L1-ranked filters/channels), the model is evaluated, and the weight restored.
+The pruning is the pruners' own (compressor.pruning.groups): a level of 0.5 zeroes exactly what
+SparsityLevelParameterPruner / L1RankedStructureParameterPruner zero at 0.5, as in Distiller.
 Results go to `sensitivity.csv` and a `sensitivity.png` plot, as Distiller's did.
 """
 
@@ -18,12 +20,18 @@ from torch import Tensor, nn
 
 from compressor.errors import UsageError
 from compressor.metrics import weight_tensors
-from compressor.thinning import remove_masks
+from compressor.pruning.groups import (
+    element_mask,
+    expand_group_mask,
+    group_mask_from_scores,
+    group_norms,
+)
 
 __all__ = ["SENSITIVITY_KINDS", "prune_tensor", "sensitivity_levels", "run_sensitivity",
            "write_sensitivity_csv", "plot_sensitivity"]
 
 SENSITIVITY_KINDS = ("element", "filter", "channel")
+_GROUP_TYPES = {"filter": "Filters", "channel": "Channels"}
 EvaluateFn = Callable[[nn.Module], dict[str, float]]
 
 
@@ -37,23 +45,24 @@ def sensitivity_levels(start: float = 0.0, end: float = 0.95, step: float = 0.1)
 
 
 def prune_tensor(weight: Tensor, kind: str, level: float) -> Tensor:
-    """A copy of `weight` with the smallest `level` fraction of elements/filters/channels zeroed."""
+    """A copy of `weight` with the smallest `level` fraction of elements/filters/channels zeroed.
+
+    Elements rank by magnitude, filters and channels by their L1 norm, exactly as the pruners
+    rank them (same rounding of the count, same ties).
+    """
+    _check_kind(kind)
+    weight = weight.detach()
     if kind == "element":
-        scores, dims = weight.abs().flatten(), None
-    elif kind == "filter":
-        scores, dims = weight.abs().flatten(1).sum(1), 0
-    else:
-        scores, dims = weight.abs().transpose(0, 1).flatten(1).sum(1), 1
-    count = int(level * scores.numel())
-    if count == 0:
-        return weight.clone()
-    keep = torch.ones_like(scores, dtype=torch.bool)
-    keep[torch.argsort(scores, stable=True)[:count]] = False
-    if dims is None:
-        return weight * keep.view_as(weight)
-    shape = [1] * weight.dim()
-    shape[dims] = -1
-    return weight * keep.view(shape)
+        return weight * element_mask(weight, level)
+    group_type = _GROUP_TYPES[kind]
+    keep = group_mask_from_scores(group_norms(weight, group_type, p=1), level)
+    return weight * expand_group_mask(keep, weight, group_type)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in SENSITIVITY_KINDS:
+        raise UsageError(f"unknown sensitivity '{kind}'; use one of: "
+                         f"{', '.join(SENSITIVITY_KINDS)}")
 
 
 def _targets(model: nn.Module, kind: str) -> list[tuple[str, nn.Module]]:
@@ -68,10 +77,7 @@ def run_sensitivity(model: nn.Module, evaluate_fn: EvaluateFn, kind: str,
                     levels: Sequence[float], out_dir: str | os.PathLike | None,
                     names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Evaluate the model with each weight pruned alone at each level; write CSV and PNG."""
-    if kind not in SENSITIVITY_KINDS:
-        raise UsageError(f"unknown sensitivity '{kind}'; use one of: "
-                         f"{', '.join(SENSITIVITY_KINDS)}")
-    remove_masks(model)  # analyse the weights as the forward pass sees them
+    _check_kind(kind)
     targets = _targets(model, kind)
     if names is not None:
         wanted = {n.removeprefix("module.") for n in names}

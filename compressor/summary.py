@@ -9,13 +9,9 @@ from tabulate import tabulate
 from torch import Tensor, nn
 
 from compressor.errors import UsageError
-from compressor.metrics import (
-    effective_parameters,
-    layer_costs,
-    model_metrics,
-    module_kind,
-    weight_tensors,
-)
+from compressor.metrics import layer_costs, model_metrics, weight_tensors
+from compressor.models.description import description_of
+from compressor.pruning.groups import sparsity
 
 __all__ = ["SUMMARY_KINDS", "print_summary", "sparsity_table", "compute_table",
            "model_table", "modules_table"]
@@ -46,7 +42,7 @@ def sparsity_table(model: nn.Module) -> str:
         nonzero += nnz
         rows.append([name, tuple(weight.shape), weight.numel(), nnz,
                      _pct(_zero_groups(weight, 0)), _pct(_zero_groups(weight, 1)),
-                     _pct(1.0 - nnz / max(weight.numel(), 1)),
+                     _pct(sparsity(weight)),
                      f"{float(weight.float().std()) if weight.numel() > 1 else 0.0:.4f}",
                      f"{float(weight.abs().float().mean()):.4f}"])
     rows.append(["Total", "", total, nonzero, "", "", _pct(1.0 - nonzero / max(total, 1)), "", ""])
@@ -63,8 +59,7 @@ def compute_table(model: nn.Module) -> str:
          c.weights, c.macs] for c in costs]
     total_macs = sum(c.macs for c in costs)
     rows.append(["Total", "", "", "", sum(c.weights for c in costs), total_macs])
-    spec = getattr(model, "input_spec", None)
-    size = "x".join(map(str, spec.input_size)) if spec is not None else "?"
+    size = "x".join(map(str, description_of(model).input_spec.input_size))
     headers = ["Name", "Type", "IFM (CxHxW)", "OFM (CxHxW)", "Weights", "MACs"]
     table = tabulate(rows, headers=headers, tablefmt="psql", intfmt=",")
     return f"{table}\nTotal MACs at input {size}: {total_macs:,}"
@@ -73,11 +68,11 @@ def compute_table(model: nn.Module) -> str:
 def model_table(model: nn.Module) -> str:
     """The module tree followed by the model's totals (params, sparsity, MACs, size)."""
     metrics = model_metrics(model)
-    spec = getattr(model, "input_spec", None)
+    description = description_of(model)
     rows = [
-        ["arch", getattr(model, "arch", type(model).__name__)],
-        ["dataset", getattr(model, "dataset", "")],
-        ["input size", "x".join(map(str, spec.input_size)) if spec is not None else ""],
+        ["arch", description.arch],
+        ["dataset", description.dataset],
+        ["input size", "x".join(map(str, description.input_spec.input_size))],
         ["parameters", f"{metrics['params']:,}"],
         ["non-zero parameters", f"{metrics['nonzero_params']:,}"],
         ["weight sparsity (%)", _pct(metrics["sparsity"])],
@@ -90,16 +85,12 @@ def model_table(model: nn.Module) -> str:
 
 def modules_table(model: nn.Module) -> str:
     """Every leaf module with its type and parameter names, as schedules address them."""
-    params: dict[str, list[str]] = {}
-    for name, tensor in effective_parameters(model):
-        module_name, _, param_name = name.rpartition(".")
-        params.setdefault(module_name, []).append(f"{param_name} {tuple(tensor.shape)}")
     rows = []
     for name, module in model.named_modules():
-        if ".parametrizations" in f".{name}":
-            continue
-        if name and all(child == "parametrizations" for child, _ in module.named_children()):
-            rows.append([name, module_kind(module), ", ".join(params.get(name, []))])
+        if name and next(module.children(), None) is None:
+            params = [f"{param_name} {tuple(tensor.shape)}"
+                      for param_name, tensor in module.named_parameters(recurse=False)]
+            rows.append([name, type(module).__name__, ", ".join(params)])
     return tabulate(rows, headers=["Module", "Type", "Parameters"], tablefmt="psql")
 
 

@@ -86,7 +86,7 @@ def _load_compression(config: TrainConfig, model: nn.Module,
         return None
     from compressor.schedule import load_schedule
 
-    return load_schedule(config.compress, model, optimizer)
+    return load_schedule(config.compress, model, optimizer, seed=seed)
 
 
 def _epoch_row(epoch: int, lr: float, train: Mapping[str, float], val: Mapping[str, float]

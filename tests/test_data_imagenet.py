@@ -90,3 +90,10 @@ def test_corrupt_image_message_survives_a_worker(imagenet_root: Path) -> None:
     # The worker re-raises DataError(message + traceback); the last such line is ours.
     assert lines[-1].startswith("compressor.errors.DataError: corrupt image file ")
     assert str(bad) in lines[-1]
+
+
+def test_class_folder_without_images_is_named(imagenet_root: Path) -> None:
+    (imagenet_root / "train" / "dog").mkdir()
+    (imagenet_root / "train" / "dog" / "notes.txt").write_text("not an image")
+    with pytest.raises(DataError, match=r"no images in .*train/dog; expected ROOT/train/"):
+        load_datasets("imagenet", str(imagenet_root), SPEC)

@@ -9,11 +9,17 @@ import pytest
 import torch
 
 from compressor.checkpoint import load_checkpoint
+from compressor.models import ModelDescription
 from tests.conftest import run_cli, run_torchrun
 
 TRAIN = ("-a", "resnet20_cifar", "--dataset", "synthetic", "-b", "16", "-j", "0", "--cpu",
          "--vs", "0", "--etrs", "0.05", "--etes", "0.05", "--lr", "0.05", "--deterministic",
          "-p", "0")
+
+
+def _variant(checkpoint: dict) -> str | None:
+    """The memory variant a checkpoint records (read through its ModelDescription)."""
+    return ModelDescription.from_checkpoint(checkpoint).recipe("memory_efficient")
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +40,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_variant_is_persisted_and_rebuilt_on_resume(runs: Path) -> None:
     first = load_checkpoint(runs / "first" / "checkpoint.pth.tar")
     resumed = load_checkpoint(runs / "resumed" / "checkpoint.pth.tar")
-    assert first["model_attrs"]["memory_efficient"] == "recompute"
-    assert resumed["model_attrs"]["memory_efficient"] == "recompute"
+    assert _variant(first) == "recompute"
+    assert _variant(resumed) == "recompute"
     assert resumed["epoch"] == 1
 
 
@@ -56,7 +62,7 @@ def test_two_process_inplace_abn_run_and_evaluation_rebuild_the_variant(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "ddp"
     checkpoint = load_checkpoint(run_dir / "checkpoint.pth.tar")
-    assert checkpoint["model_attrs"]["memory_efficient"] == "inplace-abn"
+    assert _variant(checkpoint) == "inplace-abn"
     assert not any(key.startswith("module.") for key in checkpoint["state_dict"])
     assert "layer1.0.bn1.running_mean" in checkpoint["state_dict"]
     trained = json.loads((run_dir / "results.json").read_text())
@@ -87,7 +93,7 @@ def test_two_process_recompute_run_matches_its_single_process_evaluation(tmp_pat
                           "-o", str(tmp_path), "-n", "ddp")
     assert result.returncode == 0, result.stderr[-3000:]
     checkpoint = load_checkpoint(tmp_path / "ddp" / "checkpoint.pth.tar")
-    assert checkpoint["model_attrs"]["memory_efficient"] == "recompute"
+    assert _variant(checkpoint) == "recompute"
     # every rank updated its batch norms once per step: no double update under DDP either
     steps = int(checkpoint["state_dict"]["bn1.num_batches_tracked"])
     assert steps == 2  # 51 samples, batch 16 per rank, 2 ranks

@@ -131,3 +131,12 @@ def test_description_round_trips_through_plain_values() -> None:
         description.input_spec, description.model_attrs())
     assert again == description
     assert again.to_dict()["model_attrs"] == {"transform_input": False, "aux_logits": True}
+
+
+def test_densenet_efficient_builder_attribute_becomes_the_recompute_variant() -> None:
+    spec = create_model("densenet_bc_100_cifar", "cifar10")
+    description = ModelDescription.from_model_attrs(
+        "densenet_bc_100_cifar", "cifar10", 10, description_of(spec).input_spec,
+        {"small_inputs": True, "efficient": True, "drop_rate": 0.0})
+    assert "efficient" not in description.builder_attrs
+    assert description.transforms == (TransformStep("memory_efficient", "recompute"),)

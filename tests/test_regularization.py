@@ -71,3 +71,16 @@ def test_regularization_shrinks_groups_and_keep_mask_freezes_them() -> None:
     dead = model.conv2.weight.detach().abs().sum(dim=(0, 2, 3)).eq(0)
     assert dead[[2, 6]].all()
     assert "conv2.weight" in sched.masks  # kept after the policy's last epoch (2)
+
+
+@pytest.mark.parametrize("criteria", ["Mean_Abs", "Max"])
+def test_threshold_keeps_a_group_only_strictly_above_the_strength(criteria: str) -> None:
+    # Distiller's threshold masks keep |group| > strength: a group exactly at it is zeroed.
+    weight = torch.full((3, 2, 3, 3), 0.5)
+    weight[1] = 0.25
+    weight[2] = 0.5 + 2 ** -20
+    grouped = GroupLassoRegularizer("g", {"w": (0.5, "Filters")}, criteria)
+    assert grouped.threshold_masks({"w": weight})["w"].amax(dim=(1, 2, 3)).tolist() == [0, 0, 1]
+    elements = torch.tensor([0.25, 0.5, 0.5 + 2 ** -20])
+    l1 = L1Regularizer("l1", {"w": (0.5, None)}, criteria)
+    assert l1.threshold_masks({"w": elements})["w"].tolist() == [0, 0, 1]

@@ -117,3 +117,20 @@ def test_cli_dry_run_needs_no_data(tmp_path: Path) -> None:
     assert table_cells(result.stdout) == [["0", "0.4", "0.0500"], ["1", "0.2", "0.7063"],
                                           ["2", "0.1", "0.8000"], ["3", "0.05", ""]]
     assert not (tmp_path / "runs").exists()
+
+
+def test_step_follows_torchs_api() -> None:
+    sched, optimizer = lr_schedule({"class": "StepLR", "step_size": 2, "gamma": 0.5})
+    lr = sched.policies[0].scheduler
+    assert lr.last_epoch == 0  # as a torch scheduler after construction
+    lr.step()
+    lr.step()
+    assert lr.last_epoch == 2 and optimizer.param_groups[0]["lr"] == pytest.approx(0.5)
+    assert lr.get_last_lr() == pytest.approx([0.5])
+    lr.step(5)  # torch's closed-form form: jump to an absolute epoch
+    assert lr.last_epoch == 5 and optimizer.param_groups[0]["lr"] == pytest.approx(0.25)
+    plateau, optimizer = lr_schedule({"class": "ReduceLROnPlateau", "patience": 0})
+    reducer = plateau.policies[0].scheduler
+    reducer.step(1.0)
+    reducer.step(2.0)  # torch's step(metrics): worse than the best, no patience left
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(0.1) and reducer.last_epoch == 2

@@ -9,6 +9,7 @@ import torch
 
 from compressor.errors import UsageError
 from compressor.models import create_model
+from compressor.schedule import build_scheduler
 from compressor.sensitivity import prune_tensor, run_sensitivity, sensitivity_levels
 
 
@@ -60,3 +61,26 @@ def test_unknown_names_refused(tmp_path):
     model = create_model("simplenet_digits", "digits", model_attrs={"width": 8})
     with pytest.raises(UsageError, match="--summary modules"):
         run_sensitivity(model, lambda m: {}, "element", [0.1], tmp_path, names=["nope.weight"])
+
+
+def test_sense_zeroes_exactly_what_the_pruners_zero():
+    # Ties and the rounding of the count decide which elements go: --sense and the pruners
+    # must agree on both (0.3 of 10 filters is 3, as the pruners floor 3.0000000000000004).
+    torch.manual_seed(0)
+    weight = torch.randn(10, 4, 3, 3).round(decimals=1)  # many equal magnitudes
+    model = torch.nn.Sequential(torch.nn.Conv2d(4, 10, 3, bias=False))
+    for kind, entry in [
+        ("element", {"class": "SparsityLevelParameterPruner", "levels": {"0.weight": 0.3}}),
+        ("filter", {"class": "L1RankedStructureParameterPruner", "group_type": "Filters",
+                    "desired_sparsity": 0.3, "weights": ["0.weight"]}),
+        ("channel", {"class": "L1RankedStructureParameterPruner", "group_type": "Channels",
+                     "desired_sparsity": 0.5, "weights": ["0.weight"]}),
+    ]:
+        with torch.no_grad():
+            model[0].weight.copy_(weight)
+        sched = build_scheduler({"pruners": {"p": entry},
+                                 "policies": [{"pruner": {"instance_name": "p"}, "epochs": [0]}]},
+                                model, torch.optim.SGD(model.parameters(), lr=0.0))
+        sched.on_epoch_begin(0)
+        level = entry.get("desired_sparsity", 0.3)
+        assert torch.equal(prune_tensor(weight, kind, level).eq(0), model[0].weight.eq(0)), kind

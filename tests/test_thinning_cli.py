@@ -6,9 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from compressor.checkpoint import load_checkpoint
-from tests.conftest import run_cli
+from compressor.models import ModelDescription
+from tests.conftest import assert_user_error, run_cli
 
 COMMON = ("-b", "64", "-j", "0", "--deterministic", "-p", "0")
 SCHEDULE = """
@@ -54,7 +56,7 @@ def test_thinnify_then_evaluate_from_checkpoint_alone(pruned: Path):
     assert thin["top1"] == pytest.approx(dense["top1"], abs=1e-6)  # thinning is exact
     assert thin["loss"] == pytest.approx(dense["loss"], abs=1e-4)
     checkpoint = load_checkpoint(pruned / "thin" / "checkpoint.pth.tar")
-    recipe = checkpoint["model_attrs"]["thinning"]
+    recipe = ModelDescription.from_checkpoint(checkpoint).recipe("thinning")
     assert recipe["modules"]["conv3"]["out"]
     assert checkpoint["state_dict"]["conv3.weight"].shape[0] < 128
 
@@ -71,5 +73,19 @@ def test_thinnify_then_evaluate_from_checkpoint_alone(pruned: Path):
     assert result.returncode == 0, result.stderr[-3000:]
     tuned = load_checkpoint(pruned / "tune" / "checkpoint.pth.tar")
     assert tuned["epoch"] == 1 and _results(pruned / "tune")["params"] == thin["params"]
-    assert tuned["model_attrs"]["thinning"] == recipe
+    assert ModelDescription.from_checkpoint(tuned).recipe("thinning") == recipe
 
+
+
+def test_thinnify_refuses_a_layer_pruned_to_nothing_in_one_line(pruned: Path, tmp_path: Path):
+    """Every conv2 filter (and its batch norm) zeroed: thinning would leave conv2 empty."""
+    checkpoint = load_checkpoint(pruned / "pruned" / "checkpoint.pth.tar")
+    state = checkpoint["state_dict"]
+    for name in ("conv2.weight", "bn2.weight", "bn2.bias"):
+        state[name] = torch.zeros_like(state[name])
+    torch.save(checkpoint, tmp_path / "emptied.pth.tar")
+    result = run_cli("--resume-from", str(tmp_path / "emptied.pth.tar"), "--thinnify",
+                     *COMMON, "-o", str(tmp_path), "-n", "thin")
+    assert_user_error(result, "thinning would remove all 64 filters of 'conv2'",
+                      "keep at least one")
+    assert not (tmp_path / "thin" / "checkpoint.pth.tar").exists()

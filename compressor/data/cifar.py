@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from compressor.data.splits import TensorImageDataset
+from compressor.data.files import reading
+from compressor.data.splits import LoadRequest, RawSplits, TensorImageDataset
 from compressor.errors import DataError
 
-__all__ = ["RestrictedUnpickler", "safe_load_batch", "find_cifar_dir", "load_cifar"]
+__all__ = ["RestrictedUnpickler", "safe_load_batch", "find_cifar_dir", "load_cifar_dataset"]
 
 # (module, name) -> (module to import, attribute): numpy 1 and numpy 2 spellings of the same.
 _ALLOWED_GLOBALS: MappingProxyType[tuple[str, str], tuple[str, str]] = MappingProxyType({
@@ -33,12 +34,6 @@ _ALLOWED_GLOBALS: MappingProxyType[tuple[str, str], tuple[str, str]] = MappingPr
     ("numpy", "ndarray"): ("numpy", "ndarray"),
     ("numpy", "dtype"): ("numpy", "dtype"),
     ("_codecs", "encode"): ("_codecs", "encode"),  # bytes in Python 3 protocol-2 pickles
-})
-_LAYOUTS: MappingProxyType[str, tuple[Any, ...]] = MappingProxyType({
-    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"],
-                "labels", 10, "cifar-10-python.tar.gz"),
-    "cifar100": ("cifar-100-python", ["train"], ["test"], "fine_labels", 100,
-                 "cifar-100-python.tar.gz"),
 })
 
 
@@ -72,56 +67,61 @@ class RestrictedUnpickler(pickle.Unpickler):
 
 def safe_load_batch(path: Path) -> dict[str, Any]:
     """One CIFAR python batch file as a dict with str keys, loaded without running code."""
-    try:
-        with open(path, "rb") as handle:
-            batch = RestrictedUnpickler(handle, path).load()
-    except DataError:
-        raise
-    except Exception as exc:  # pickle raises many types on damaged input
-        raise DataError(f"cannot read CIFAR batch file {path}: {type(exc).__name__}: {exc}; "
-                        "replace it with the original file") from None
+    with reading(path, "CIFAR batch file"), open(path, "rb") as handle:
+        batch = RestrictedUnpickler(handle, path).load()
     if not isinstance(batch, dict):
         raise DataError(f"{path} is not a CIFAR batch (no dict inside); replace it")
     return {key.decode("latin1") if isinstance(key, bytes) else key: value
             for key, value in batch.items()}
 
 
-def find_cifar_dir(root: Path, dataset: str) -> Path:
-    """ROOT/cifar-10-batches-py (or cifar-100-python), or ROOT itself, holding the batches."""
-    subdir, train_files, test_files, _, _, archive = _LAYOUTS[dataset]
+def find_cifar_dir(root: Path, subdir: str, files: tuple[str, ...], archive: str,
+                   dataset: str) -> Path:
+    """ROOT/<subdir> (e.g. cifar-10-batches-py), or ROOT itself, holding the batch files."""
     for directory in (root / subdir, root):
-        if all((directory / name).is_file() for name in train_files + test_files):
+        if all((directory / name).is_file() for name in files):
             return directory
     hint = (f"extract {root / archive} there first" if (root / archive).is_file() else
             f"pass the directory that holds {subdir}/ (from {archive})")
-    raise DataError(f"no {dataset} batch files ({', '.join(train_files + test_files)}) in "
-                    f"{root / subdir} or {root}; {hint}")
+    raise DataError(f"no {dataset} batch files ({', '.join(files)}) in {root / subdir} or "
+                    f"{root}; {hint}")
 
 
-def _load_split(directory: Path, names: list[str], label_key: str,
-                num_classes: int) -> TensorImageDataset:
-    images, labels = [], []
-    for name in names:
-        path = directory / name
-        batch = safe_load_batch(path)
-        data, batch_labels = batch.get("data"), batch.get(label_key)
+def _batch_arrays(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
+    batch = safe_load_batch(path)
+    data, labels = batch.get("data"), batch.get(label_key)
+    with reading(path, "CIFAR batch file"):
         if not isinstance(data, np.ndarray) or data.ndim != 2 or data.shape[1] != 3 * 32 * 32 \
-                or batch_labels is None or len(batch_labels) != len(data):
+                or not isinstance(labels, list | tuple | np.ndarray) or len(labels) != len(data):
             raise DataError(f"{path} lacks N x 3072 'data' with N '{label_key}'; replace it with "
                             "the original file")
-        images.append(np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32))
-        labels.append(np.asarray(batch_labels, dtype=np.int64))
+        return (np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32),
+                np.asarray(labels, dtype=np.int64).reshape(-1))
+
+
+def _load_split(directory: Path, names: tuple[str, ...], label_key: str,
+                num_classes: int) -> TensorImageDataset:
+    images, labels = zip(*(_batch_arrays(directory / name, label_key) for name in names),
+                         strict=True)
     label_array = np.concatenate(labels)
-    if label_array.size and (label_array.min() < 0 or label_array.max() >= num_classes):
+    if label_array.size == 0:
+        raise DataError(f"the batch files {', '.join(names)} in {directory} hold no images; "
+                        "replace them with the original files")
+    if label_array.min() < 0 or label_array.max() >= num_classes:
         raise DataError(f"labels in {directory} fall outside 0..{num_classes - 1}; check that "
                         "the files belong to this dataset")
     return TensorImageDataset(torch.from_numpy(np.concatenate(images)),
                               torch.from_numpy(label_array))
 
 
-def load_cifar(root: Path, dataset: str) -> tuple[TensorImageDataset, TensorImageDataset, int]:
-    """Raw (3x32x32 uint8 tensor, label) train and test sets, and the number of classes."""
-    _, train_files, test_files, label_key, num_classes, _ = _LAYOUTS[dataset]
-    directory = find_cifar_dir(root, dataset)
-    return (_load_split(directory, train_files, label_key, num_classes),
-            _load_split(directory, test_files, label_key, num_classes), num_classes)
+def load_cifar_dataset(request: LoadRequest, *, subdir: str, train_files: tuple[str, ...],
+                       test_files: tuple[str, ...], label_key: str, archive: str) -> RawSplits:
+    """Raw (3x32x32 uint8 tensor, label) splits of CIFAR-10/100 (the test split only on request)."""
+    spec = request.dataset
+    assert request.root is not None and spec.num_classes is not None  # needs_dir, fixed classes
+    files = (*train_files, *test_files) if request.train else test_files
+    directory = find_cifar_dir(request.root, subdir, files, archive, spec.name)
+    train = (_load_split(directory, train_files, label_key, spec.num_classes)
+             if request.train else None)
+    return RawSplits(train, _load_split(directory, test_files, label_key, spec.num_classes),
+                     spec.num_classes)

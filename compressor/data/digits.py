@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from compressor.data.splits import TensorImageDataset
+from compressor.data.splits import LoadRequest, RawSplits, TensorImageDataset
 
-__all__ = ["load_digits_splits", "DIGITS_TEST_FRACTION", "DIGITS_SPLIT_SEED"]
+__all__ = ["load_digits_splits", "load_digits_dataset", "DIGITS_TEST_FRACTION",
+           "DIGITS_SPLIT_SEED"]
 
 DIGITS_TEST_FRACTION = 0.2
 DIGITS_SPLIT_SEED = 0  # fixed: the test set must not move with --seed
@@ -34,3 +35,10 @@ def load_digits_splits() -> tuple[TensorImageDataset, TensorImageDataset]:
         digits.images, digits.target, test_size=DIGITS_TEST_FRACTION, stratify=digits.target,
         random_state=DIGITS_SPLIT_SEED)
     return _dataset(x_train, y_train), _dataset(x_test, y_test)
+
+
+def load_digits_dataset(request: LoadRequest) -> RawSplits:
+    """The digits as raw splits (both are always made: the split needs the whole set)."""
+    train, test = load_digits_splits()
+    assert request.dataset.num_classes is not None  # the digits have 10 classes
+    return RawSplits(train if request.train else None, test, request.dataset.num_classes)

@@ -1,20 +1,29 @@
 """ImageNet-style data: ROOT/train/<class>/* and ROOT/val/<class>/* read with ImageFolder.
 
-The validation folders are indexed with the training classes (a class missing from val/ does
-not shift the labels), and an unreadable image raises a one-line DataError naming its path.
+Labels come from compressor.data.imagenet_classes (wnid folders keep ImageNet-1k's indices;
+val/ is indexed with train/'s classes, so a class missing from val/ does not shift the labels).
+Evaluation reads ROOT/val/ only: of ROOT/train/ it lists at most the folder names. An
+unreadable image raises a one-line DataError naming its path.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Sequence
 from pathlib import Path
 
 from PIL import Image, UnidentifiedImageError
 from torchvision.datasets import ImageFolder
 
+from compressor.data.imagenet_classes import (
+    check_known,
+    class_folders,
+    imagenet_wnids,
+    label_order,
+)
+from compressor.data.splits import LoadRequest, RawSplits
 from compressor.errors import DataError
 
-__all__ = ["load_rgb_image", "ClassFolder", "load_image_folders"]
+__all__ = ["load_rgb_image", "ClassFolder", "load_imagenet_dataset"]
 
 _LAYOUT_HINT = "expected ROOT/train/ and ROOT/val/ class folders (ImageFolder layout)"
 
@@ -33,40 +42,76 @@ def load_rgb_image(path: str) -> Image.Image:
 
 
 class ClassFolder(ImageFolder):
-    """An ImageFolder whose class-to-index map may be fixed (val/ uses train/'s classes)."""
+    """An ImageFolder whose labels are given: label i is the folder named class_names[i]."""
 
-    def __init__(self, root: str, class_to_idx: Mapping[str, int] | None = None) -> None:
-        self._fixed_classes = dict(class_to_idx) if class_to_idx is not None else None
-        super().__init__(root, loader=load_rgb_image, allow_empty=class_to_idx is not None)
+    def __init__(self, root: str, class_names: Sequence[str]) -> None:
+        self._class_names = list(class_names)
+        super().__init__(root, loader=load_rgb_image, allow_empty=True)
 
     def find_classes(self, directory: str | Path) -> tuple[list[str], dict[str, int]]:
-        """train/'s classes when fixed (checking val/ adds none), else the folder names."""
-        found, mapping = super().find_classes(directory)
-        if self._fixed_classes is None:
-            return found, mapping
-        unknown = sorted(set(found) - set(self._fixed_classes))
-        if unknown:
-            raise DataError(f"{directory} has class folders not in train/: "
-                            f"{', '.join(unknown[:5])}; use the same class names in both")
-        return sorted(self._fixed_classes, key=self._fixed_classes.get), self._fixed_classes
+        """The given classes (folders absent from `directory` simply hold no samples)."""
+        return self._class_names, {name: i for i, name in enumerate(self._class_names)}
 
 
-def _folder(path: Path, class_to_idx: Mapping[str, int] | None) -> ClassFolder:
-    try:
-        folder = ClassFolder(str(path), class_to_idx)
-    except FileNotFoundError as exc:
-        reason = " ".join(str(exc).split())
-        raise DataError(f"no usable images in {path} ({reason}); {_LAYOUT_HINT}") from None
-    if len(folder) == 0:
-        raise DataError(f"no images in {path}; {_LAYOUT_HINT}")
+def _folder(path: Path, class_names: Sequence[str], folders: Sequence[str]) -> ClassFolder:
+    """The images of `path`; every one of its class `folders` must hold at least one."""
+    folder = ClassFolder(str(path), class_names)
+    labelled = {label for _, label in folder.samples}
+    empty = [name for name in folders if folder.class_to_idx[name] not in labelled]
+    if empty:
+        raise DataError(f"no images in {path / empty[0]}"
+                        f"{f' and {len(empty) - 1} more class folders' if len(empty) > 1 else ''}"
+                        f"; {_LAYOUT_HINT}")
     return folder
 
 
-def load_image_folders(root: Path) -> tuple[ClassFolder, ClassFolder, int]:
-    """Raw (PIL RGB image, label) train and val sets and the number of training classes."""
+def _listed(path: Path) -> list[str]:
+    folders = class_folders(path)
+    if not folders:
+        raise DataError(f"no class folders in {path}; {_LAYOUT_HINT}")
+    return folders
+
+
+def _source(order: Sequence[str], request: LoadRequest, folders_of: str) -> str:
+    """What the labels come from, for the message about a class folder that has none."""
+    if request.class_names:
+        return "the model's classes (recorded in its checkpoint)"
+    if tuple(order) == imagenet_wnids():
+        return "the ImageNet-1k WordNet ids"
+    return folders_of
+
+
+def _train_and_val(root: Path, request: LoadRequest) -> RawSplits:
     missing = [str(root / name) for name in ("train", "val") if not (root / name).is_dir()]
     if missing:
         raise DataError(f"missing {' and '.join(missing)}; {_LAYOUT_HINT}")
-    train = _folder(root / "train", None)
-    test = _folder(root / "val", train.class_to_idx)
-    return train, test, len(train.classes)
+    train_folders, val_folders = _listed(root / "train"), _listed(root / "val")
+    order = label_order(train_folders, root / "train", num_classes=request.num_classes,
+                        pretrained=request.pretrained, class_names=request.class_names,
+                        complete=True)
+    check_known(train_folders, order, root / "train", _source(order, request, "train/"))
+    check_known(val_folders, order, root / "val", _source(order, request, "train/"))
+    return RawSplits(_folder(root / "train", order, train_folders),
+                     _folder(root / "val", order, val_folders), len(order), order)
+
+
+def _val_only(root: Path, request: LoadRequest) -> RawSplits:
+    val = root / "val"
+    if not val.is_dir():
+        raise DataError(f"missing {val}; evaluation reads ROOT/val/<class>/ images (ImageFolder "
+                        "layout)")
+    val_folders = _listed(val)
+    # train/'s folder names (no image is read) say which classes the model was trained on.
+    train_folders = class_folders(root / "train") if (root / "train").is_dir() else []
+    names, where = (train_folders, root / "train") if train_folders else (val_folders, val)
+    order = label_order(names, where, num_classes=request.num_classes,
+                        pretrained=request.pretrained, class_names=request.class_names,
+                        complete=bool(train_folders))
+    check_known(val_folders, order, val, _source(order, request, f"{where.name}/"))
+    return RawSplits(None, _folder(val, order, val_folders), len(order), order)
+
+
+def load_imagenet_dataset(request: LoadRequest) -> RawSplits:
+    """Raw (PIL RGB image, label) train and val splits (val only when evaluating)."""
+    assert request.root is not None  # imagenet needs DATASET_DIR
+    return (_train_and_val if request.train else _val_only)(request.root, request)

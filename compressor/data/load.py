@@ -1,85 +1,71 @@
-"""load_datasets: a dataset by name, transformed for a model's InputSpec, split as Distiller."""
+"""Datasets by name for a model's InputSpec: all splits to train, the test split to evaluate."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
-from torch.utils.data import Dataset
-
-from compressor.data.cifar import load_cifar
-from compressor.data.digits import load_digits_splits
-from compressor.data.idx import load_mnist_like
-from compressor.data.imagenet import load_image_folders
 from compressor.data.splits import (
     DatasetSplits,
+    EvaluationData,
+    LoadRequest,
+    RawSplits,
     TransformedDataset,
     check_fractions,
     split_train_val,
     take_subset,
 )
-from compressor.data.synthetic import SYNTHETIC_TEST_SIZE, SYNTHETIC_TRAIN_SIZE, SyntheticDataset
 from compressor.data.transforms import build_transforms
-from compressor.errors import DataError, UsageError
-from compressor.models.input_spec import DATASET_NUM_CLASSES, InputSpec
+from compressor.datasets import DatasetSpec, dataset_names, dataset_spec
+from compressor.errors import DataError
+from compressor.input_spec import InputSpec
 
-__all__ = ["DATASET_NAMES", "needs_data_dir", "load_datasets"]
+__all__ = ["DATASET_NAMES", "needs_data_dir", "load_datasets", "load_test_dataset"]
 
-DATASET_NAMES: tuple[str, ...] = (
-    "digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "imagenet", "synthetic")
-_EMBEDDED = ("digits", "synthetic")
-_DEFAULT_SYNTHETIC_CLASSES = 10
-
-
-def _check_name(dataset: str) -> None:
-    if dataset not in DATASET_NAMES:
-        raise UsageError(f"unknown dataset '{dataset}'; use one of: {', '.join(DATASET_NAMES)}")
+DATASET_NAMES: tuple[str, ...] = dataset_names()
 
 
 def needs_data_dir(dataset: str) -> bool:
     """Whether a dataset is read from DATASET_DIR (False for the embedded digits and synthetic)."""
-    _check_name(dataset)
-    return dataset not in _EMBEDDED
+    return dataset_spec(dataset).needs_dir
 
 
-def _data_root(dataset: str, root: str | None) -> Path:
+def _data_root(spec: DatasetSpec, root: str | Path | None) -> Path | None:
+    if not spec.needs_dir:
+        return None
     if root is None or str(root) == "":
-        raise DataError(f"dataset '{dataset}' needs DATASET_DIR; pass the directory that holds "
+        raise DataError(f"dataset '{spec.name}' needs DATASET_DIR; pass the directory that holds "
                         "it as the first argument")
     path = Path(root).expanduser()
     if not path.is_dir():
         raise DataError(f"DATASET_DIR {path} does not exist or is not a directory; pass the "
-                        f"directory that holds the {dataset} data")
+                        f"directory that holds the {spec.name} data")
     return path
 
 
-def _raw_splits(dataset: str, root: str | None, input_spec: InputSpec, seed: int,
-                num_classes: int | None) -> tuple[Dataset, Dataset, int]:
-    """Untransformed train and test sets, and the dataset's number of classes."""
-    if dataset == "synthetic":
-        classes = num_classes or _DEFAULT_SYNTHETIC_CLASSES
-        return (SyntheticDataset(SYNTHETIC_TRAIN_SIZE, input_spec.input_size, classes, seed, 0),
-                SyntheticDataset(SYNTHETIC_TEST_SIZE, input_spec.input_size, classes, seed, 1),
-                classes)
-    if dataset == "digits":
-        train, test = load_digits_splits()
-        return train, test, DATASET_NUM_CLASSES["digits"]
-    path = _data_root(dataset, root)
-    if dataset in ("mnist", "fashion-mnist"):
-        train, test = load_mnist_like(path, dataset)
-        return train, test, DATASET_NUM_CLASSES[dataset]
-    if dataset in ("cifar10", "cifar100"):
-        return load_cifar(path, dataset)
-    return load_image_folders(path)
+def _load_raw(dataset: str, root: str | Path | None, input_spec: InputSpec, *, train: bool,
+              seed: int, num_classes: int | None, pretrained: bool,
+              class_names: Sequence[str] | None) -> RawSplits:
+    spec = dataset_spec(dataset)
+    request = LoadRequest(spec, _data_root(spec, root), input_spec, seed, num_classes, train,
+                          pretrained, tuple(class_names) if class_names else None)
+    raw = spec.loader(request)
+    if num_classes is not None and raw.num_classes > num_classes:
+        raise DataError(f"dataset '{dataset}' has {raw.num_classes} classes but the model has "
+                        f"{num_classes} outputs; build the model with at least "
+                        f"{raw.num_classes} classes")
+    return raw
 
 
-def load_datasets(dataset: str, root: str | None, input_spec: InputSpec, *,
+def load_datasets(dataset: str, root: str | Path | None, input_spec: InputSpec, *,
                   validation_split: float = 0.0, effective_train_size: float = 1.0,
                   effective_valid_size: float = 1.0, effective_test_size: float = 1.0,
-                  seed: int = 0, num_classes: int | None = None) -> DatasetSplits:
+                  seed: int = 0, num_classes: int | None = None, pretrained: bool = False,
+                  class_names: Sequence[str] | None = None) -> DatasetSplits:
     """Train (augmented), validation (--vs of train, eval transforms) and test sets of a dataset.
 
     Args:
-        dataset: one of DATASET_NAMES.
+        dataset: a name in the dataset table (compressor.datasets).
         root: DATASET_DIR (ignored by digits and synthetic).
         input_spec: the model's InputSpec; sizes, normalization and channels come from it.
         validation_split: fraction of train held out as validation (Distiller's --vs).
@@ -88,25 +74,46 @@ def load_datasets(dataset: str, root: str | None, input_spec: InputSpec, *,
         seed: seed of the splits and subsets (and of the synthetic samples).
         num_classes: the model's number of classes: the synthetic labels are drawn below it,
             and a real dataset with more classes than that is refused.
+        pretrained: the weights index the ImageNet-1k classes (--pretrained): ImageFolder
+            classes that are not WordNet ids are refused unless their count is num_classes.
+        class_names: the model's label order, when its checkpoint records one (ImageFolder).
 
     Returns:
-        DatasetSplits whose num_classes is the dataset's own class count.
+        DatasetSplits: num_classes is the size of the dataset's label space, class_names the
+        ImageFolder classes in label order (empty for the other datasets).
     """
-    _check_name(dataset)
     check_fractions(validation_split, effective_train_size, effective_valid_size,
                     effective_test_size)
-    raw_train, raw_test, classes = _raw_splits(dataset, root, input_spec, seed, num_classes)
-    if num_classes is not None and classes > num_classes:
-        raise DataError(f"dataset '{dataset}' has {classes} classes but the model has "
-                        f"{num_classes} outputs; build the model with at least {classes} classes")
-    train_view = TransformedDataset(raw_train, build_transforms(input_spec, dataset, train=True))
+    raw = _load_raw(dataset, root, input_spec, train=True, seed=seed, num_classes=num_classes,
+                    pretrained=pretrained, class_names=class_names)
+    assert raw.train is not None  # asked for with train=True
+    train_view = TransformedDataset(raw.train, build_transforms(input_spec, dataset, train=True))
     eval_transform = build_transforms(input_spec, dataset, train=False)
-    train_idx, val_idx = split_train_val(len(raw_train), validation_split, seed)
+    train_idx, val_idx = split_train_val(len(raw.train), validation_split, seed)
     train = take_subset(train_view, train_idx, effective_train_size, seed, "train")
     val = None
     if val_idx:
-        val = take_subset(TransformedDataset(raw_train, eval_transform), val_idx,
+        val = take_subset(TransformedDataset(raw.train, eval_transform), val_idx,
                           effective_valid_size, seed, "validation")
-    test_view = TransformedDataset(raw_test, eval_transform)
-    test = take_subset(test_view, range(len(raw_test)), effective_test_size, seed, "test")
-    return DatasetSplits(train=train, val=val, test=test, num_classes=classes)
+    test_view = TransformedDataset(raw.test, eval_transform)
+    test = take_subset(test_view, range(len(raw.test)), effective_test_size, seed, "test")
+    return DatasetSplits(train=train, val=val, test=test, num_classes=raw.num_classes,
+                         class_names=raw.class_names)
+
+
+def load_test_dataset(dataset: str, root: str | Path | None, input_spec: InputSpec, *,
+                      effective_test_size: float = 1.0, seed: int = 0,
+                      num_classes: int | None = None, pretrained: bool = False,
+                      class_names: Sequence[str] | None = None) -> EvaluationData:
+    """The test set alone, for evaluation: the training files are never read.
+
+    The same samples, labels and transform as load_datasets(...).test with the same arguments
+    (mnist: t10k files only, cifar: the test batch only, imagenet: ROOT/val/ only, listing at
+    most the folder names of ROOT/train/ to know the training classes). Arguments as there.
+    """
+    check_fractions(0.0, 1.0, 1.0, effective_test_size)
+    raw = _load_raw(dataset, root, input_spec, train=False, seed=seed, num_classes=num_classes,
+                    pretrained=pretrained, class_names=class_names)
+    test_view = TransformedDataset(raw.test, build_transforms(input_spec, dataset, train=False))
+    test = take_subset(test_view, range(len(raw.test)), effective_test_size, seed, "test")
+    return EvaluationData(test=test, num_classes=raw.num_classes, class_names=raw.class_names)

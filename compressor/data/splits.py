@@ -1,20 +1,25 @@
-"""Dataset views and Distiller's --vs/--etrs/--evs/--etes splits, deterministic under a seed."""
+"""Dataset views, loader requests and Distiller's --vs/--etrs/--evs/--etes splits (seeded)."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.utils.data import Dataset, Subset
 
 from compressor.errors import DataError, UsageError
+from compressor.input_spec import InputSpec
+
+if TYPE_CHECKING:
+    from compressor.datasets import DatasetSpec
 
 __all__ = [
-    "DatasetSplits", "TensorImageDataset", "TransformedDataset", "check_fractions",
-    "subset_length", "split_train_val", "take_subset",
+    "DatasetSplits", "EvaluationData", "LoadRequest", "RawSplits", "TensorImageDataset",
+    "TransformedDataset", "check_fractions", "subset_length", "split_train_val", "take_subset",
 ]
 
 # Independent random streams, so that changing --etes does not move the --vs split etc.
@@ -28,7 +33,41 @@ class DatasetSplits:
     train: Dataset  # with the training augmentation
     val: Dataset | None  # carved from train by --vs, eval transforms; None when --vs is 0
     test: Dataset  # eval transforms
+    num_classes: int  # size of the label space: every label is below it
+    class_names: tuple[str, ...] = ()  # label i is class_names[i] (ImageFolder); () otherwise
+
+
+@dataclass
+class EvaluationData:
+    """The test set alone (eval transforms), for -e, --sense, --thinnify and calibration."""
+
+    test: Dataset
     num_classes: int
+    class_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    """What a dataset loader is asked for (see compressor.datasets.LazyLoader)."""
+
+    dataset: DatasetSpec
+    root: Path | None  # the checked DATASET_DIR; None for datasets that need none
+    input_spec: InputSpec  # the model's
+    seed: int
+    num_classes: int | None  # the model's outputs, if known
+    train: bool  # False: the test split only, the training files are not read
+    pretrained: bool = False  # the weights index the dataset's canonical classes (--pretrained)
+    class_names: tuple[str, ...] | None = None  # the model's own label order, if it records one
+
+
+@dataclass
+class RawSplits:
+    """Untransformed (image, label) splits as a loader returns them."""
+
+    train: Dataset | None  # None when the request asked for the test split only
+    test: Dataset
+    num_classes: int  # size of the label space
+    class_names: tuple[str, ...] = ()
 
 
 class TensorImageDataset(Dataset):

@@ -10,10 +10,14 @@ from __future__ import annotations
 import torch
 from torch.utils.data import Dataset
 
-__all__ = ["SyntheticDataset", "SYNTHETIC_TRAIN_SIZE", "SYNTHETIC_TEST_SIZE"]
+from compressor.data.splits import LoadRequest, RawSplits
+
+__all__ = ["SyntheticDataset", "load_synthetic_dataset", "SYNTHETIC_TRAIN_SIZE",
+           "SYNTHETIC_TEST_SIZE", "SYNTHETIC_DEFAULT_CLASSES"]
 
 SYNTHETIC_TRAIN_SIZE = 1024
 SYNTHETIC_TEST_SIZE = 256
+SYNTHETIC_DEFAULT_CLASSES = 10  # when the model's class count is not given
 
 
 class SyntheticDataset(Dataset):
@@ -40,3 +44,13 @@ class SyntheticDataset(Dataset):
         label = int(torch.randint(self.num_classes, (1,), generator=generator))
         image = torch.randn(self.input_size, generator=generator)
         return image, label
+
+
+def load_synthetic_dataset(request: LoadRequest) -> RawSplits:
+    """Train and test sets at the model's input size, labels below the model's class count."""
+    classes = request.num_classes or SYNTHETIC_DEFAULT_CLASSES
+    size = request.input_spec.input_size
+    train = (SyntheticDataset(SYNTHETIC_TRAIN_SIZE, size, classes, request.seed, 0)
+             if request.train else None)
+    return RawSplits(train, SyntheticDataset(SYNTHETIC_TEST_SIZE, size, classes, request.seed, 1),
+                     classes)

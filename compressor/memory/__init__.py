@@ -2,12 +2,15 @@
 
 from compressor.memory.checkpointing import (
     FrozenNormStats,
+    RecomputedSequential,
+    block_segments,
+    checkpoint_seq,
     enable_checkpointing,
     exact_checkpoint,
     is_checkpointed,
 )
 from compressor.memory.compare import training_divergence
-from compressor.memory.dense import make_densenet_efficient
+from compressor.memory.dense import EfficientDenseBlock, make_densenet_efficient
 from compressor.memory.inplace_abn import InPlaceABN, InPlaceABNFunction, convert_to_inplace_abn
 from compressor.memory.measure import MemoryReport, default_loss, measure_saved_bytes
 from compressor.memory.variants import MEMORY_VARIANTS, apply_memory_variant, supported_variants
@@ -16,6 +19,7 @@ __all__ = [
     "MEMORY_VARIANTS", "apply_memory_variant", "supported_variants",
     "measure_saved_bytes", "MemoryReport", "default_loss",
     "InPlaceABN", "InPlaceABNFunction", "convert_to_inplace_abn",
-    "enable_checkpointing", "exact_checkpoint", "is_checkpointed", "FrozenNormStats",
-    "make_densenet_efficient", "training_divergence",
+    "enable_checkpointing", "exact_checkpoint", "checkpoint_seq", "block_segments",
+    "RecomputedSequential", "is_checkpointed", "FrozenNormStats",
+    "EfficientDenseBlock", "make_densenet_efficient", "training_divergence",
 ]

@@ -5,65 +5,85 @@ DenseNet's activation memory quadratic in depth. Here the layer keeps only its i
 earlier layers' outputs, which exist anyway) and the input of its 3x3 convolution; the
 concat, both batch norms, both ReLUs and the 1x1 convolution are recomputed in backward,
 with the batch-norm statistics frozen during the recomputation (no double update).
-Works on torchvision's `_DenseLayer` (and so on compressor's DenseNet-BC, built from it).
+
+torchvision's `_DenseBlock` (in torchvision's DenseNets and compressor's DenseNet-BC, built
+from them) calls each `_DenseLayer`'s forward, which we do not own. So the block itself is
+swapped: `EfficientDenseBlock` holds the very same layers under the very same keys (no name
+changes) and runs them the efficient way; the layers' own forwards are never replaced.
 """
 
 from __future__ import annotations
 
-import types
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torchvision.models.densenet import _DenseBlock, _DenseLayer
 
-from compressor.memory.checkpointing import exact_checkpoint
+from compressor.memory.checkpointing import exact_checkpoint, needs_checkpoint
 
-__all__ = ["make_densenet_efficient", "is_dense_layer", "efficient_dense_forward"]
-
-
-def is_dense_layer(module: nn.Module) -> bool:
-    """Whether `module` is a DenseNet layer with torchvision's structure and names."""
-    return all(hasattr(module, name) for name in
-               ("norm1", "relu1", "conv1", "norm2", "relu2", "conv2", "drop_rate"))
+__all__ = ["EfficientDenseBlock", "efficient_dense_layer", "has_dense_blocks",
+           "make_densenet_efficient"]
 
 
-def _bottleneck(layer: nn.Module, *features: Tensor) -> Tensor:
+def _bottleneck(layer: _DenseLayer, *features: Tensor) -> Tensor:
     """concat -> BN -> ReLU -> 1x1 conv -> BN -> ReLU: everything but the 3x3 convolution."""
     concatenated = torch.cat(features, 1)
     out = layer.conv1(layer.relu1(layer.norm1(concatenated)))
     return layer.relu2(layer.norm2(out))
 
 
-def efficient_dense_forward(self: nn.Module, input: Any) -> Tensor:
-    """A dense layer's forward that recomputes its bottleneck instead of storing it."""
-    features = [input] if isinstance(input, Tensor) else list(input)
-    if torch.is_grad_enabled() and any(f.requires_grad for f in features):
-        bottleneck = exact_checkpoint(lambda *f: _bottleneck(self, *f), self, *features)
+def efficient_dense_layer(layer: _DenseLayer, features: Sequence[Tensor]) -> Tensor:
+    """A dense layer's output, its bottleneck recomputed in backward instead of stored."""
+    if needs_checkpoint(features):
+        bottleneck = exact_checkpoint(lambda *f: _bottleneck(layer, *f), layer, *features)
     else:
-        bottleneck = _bottleneck(self, *features)
-    new_features = self.conv2(bottleneck)
-    if self.drop_rate > 0:
-        new_features = F.dropout(new_features, p=self.drop_rate, training=self.training)
+        bottleneck = _bottleneck(layer, *features)
+    new_features = layer.conv2(bottleneck)
+    if layer.drop_rate > 0:
+        new_features = F.dropout(new_features, p=layer.drop_rate, training=layer.training)
     return new_features
 
 
-def make_densenet_efficient(model: nn.Module, enabled: bool = True) -> int:
-    """Switch every dense layer of `model` to (or back from) the efficient forward.
+class EfficientDenseBlock(nn.ModuleDict):
+    """The layers of a torchvision dense block, same keys, each run by efficient_dense_layer."""
 
-    torchvision's own `memory_efficient` flag is turned off: it recomputes batch norm in
+    grad_checkpointing = True
+
+    def __init__(self, block: nn.ModuleDict) -> None:
+        super().__init__(block)
+        self.training = block.training
+
+    def forward(self, init_features: Tensor) -> Tensor:
+        """Concatenation of the input and every layer's new features, as _DenseBlock's."""
+        features = [init_features]
+        for layer in self.values():
+            features.append(efficient_dense_layer(layer, features))
+        return torch.cat(features, 1)
+
+
+def _is_dense_block(module: nn.Module) -> bool:
+    return isinstance(module, _DenseBlock) and all(
+        isinstance(layer, _DenseLayer) for layer in module.values())
+
+
+def has_dense_blocks(model: nn.Module) -> bool:
+    """Whether `model` has torchvision dense blocks (plain or already efficient)."""
+    return any(_is_dense_block(m) or isinstance(m, EfficientDenseBlock) for m in model.modules())
+
+
+def make_densenet_efficient(model: nn.Module) -> int:
+    """Put an EfficientDenseBlock in the place of every dense block of `model`.
+
+    torchvision's own `memory_efficient` flag is not used: it recomputes batch norm in
     training mode and so updates the running statistics twice per step. Parameter names do
-    not change. Returns the number of dense layers switched.
+    not change. Returns the number of dense layers made efficient.
     """
     count = 0
-    for module in model.modules():
-        if not is_dense_layer(module):
-            continue
-        if hasattr(module, "memory_efficient"):
-            module.memory_efficient = False
-        if enabled:
-            module.forward = types.MethodType(efficient_dense_forward, module)
-        else:
-            vars(module).pop("forward", None)
-        count += 1
+    for parent in list(model.modules()):
+        for key, child in list(parent.named_children()):
+            if _is_dense_block(child):
+                setattr(parent, key, EfficientDenseBlock(child))
+                count += len(child)
     return count

@@ -8,7 +8,7 @@ from torch import nn
 
 from compressor.errors import UsageError
 from compressor.memory.checkpointing import enable_checkpointing
-from compressor.memory.dense import is_dense_layer, make_densenet_efficient
+from compressor.memory.dense import has_dense_blocks, make_densenet_efficient
 from compressor.memory.inplace_abn import convert_to_inplace_abn
 
 if TYPE_CHECKING:
@@ -21,14 +21,10 @@ __all__ = ["MEMORY_VARIANTS", "apply_memory_variant", "supported_variants"]
 MEMORY_VARIANTS = ("recompute", "inplace-abn")
 
 
-def _has_dense_layers(model: nn.Module) -> bool:
-    return any(is_dense_layer(m) for m in model.modules())
-
-
 def supported_variants(model: nn.Module, arch_spec: ArchSpec) -> tuple[str, ...]:
     """The memory variants that `model` (built from `arch_spec`) can be turned into."""
     variants = []
-    if arch_spec.checkpoint_blocks or _has_dense_layers(model):
+    if arch_spec.checkpoint_blocks or has_dense_blocks(model):
         variants.append("recompute")
     if getattr(model, "supports_inplace_abn", False) and any(
             isinstance(m, nn.BatchNorm2d) for m in model.modules()):
@@ -39,10 +35,15 @@ def supported_variants(model: nn.Module, arch_spec: ArchSpec) -> tuple[str, ...]
 def apply_memory_variant(model: nn.Module, arch_spec: ArchSpec, variant: str) -> nn.Module:
     """Turn `model` into its memory-efficient `variant`, in place, and return it.
 
-    Parameter and buffer names are kept, so a plain checkpoint loads into the variant and a
-    variant's checkpoint into the plain model. A variant computes the same function with the
-    same gradients and batch-norm statistics as the plain model; the one exception is that
-    in-place ABN needs an invertible activation and so turns ReLU into leaky ReLU (0.01).
+    "recompute" switches on a model's own `set_grad_checkpointing`, or puts recomputing
+    containers in the place of its block containers (compressor.memory.checkpointing,
+    compressor.memory.dense); "inplace-abn" swaps batch norm + activation pairs for
+    InPlaceABN + Identity. Nothing is written on the model but its modules: the caller
+    records the variant (in the model's description). Parameter and buffer names are kept,
+    so a plain checkpoint loads into the variant and a variant's into the plain model. A
+    variant computes the same function with the same gradients and batch-norm statistics as
+    the plain model; the one exception is that in-place ABN needs an invertible activation
+    and so turns ReLU into leaky ReLU (0.01).
     """
     if variant not in MEMORY_VARIANTS:
         raise UsageError(f"unknown memory-efficient variant '{variant}'; "
@@ -52,11 +53,10 @@ def apply_memory_variant(model: nn.Module, arch_spec: ArchSpec, variant: str) ->
         raise UsageError(f"architecture '{arch_spec.name}' has no '{variant}' variant "
                          f"(supported: {supported}); drop --memory-efficient or pick another")
     if variant == "recompute":
-        if _has_dense_layers(model):
+        if has_dense_blocks(model):
             make_densenet_efficient(model)
         else:
             enable_checkpointing(model, arch_spec.checkpoint_blocks)
     else:
         convert_to_inplace_abn(model)
-    model.memory_variant = variant
     return model

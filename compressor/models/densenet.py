@@ -1,9 +1,11 @@
-"""DenseNet-BC (Huang et al.) for small (CIFAR) and large inputs, with an efficient variant.
+"""DenseNet-BC (Huang et al.) for small (CIFAR) and large inputs.
 
 Built from torchvision's DenseNet, so module and parameter names are torchvision's
 (features.denseblock1.denselayer1.conv1.weight ...). `small_inputs` replaces the 7x7/2
-stem and its max-pool by one 3x3 convolution, as for CIFAR; `efficient` recomputes each
-dense layer's bottleneck in backward (compressor.memory.dense), exactly.
+stem and its max-pool by one 3x3 convolution, as for CIFAR. The efficient DenseNet (each
+dense layer's bottleneck recomputed in backward, exactly) is the framework's
+`--memory-efficient recompute` variant (compressor.memory.dense), not a builder attribute;
+checkpoints that recorded the former `efficient: True` attribute load as that variant.
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from collections import OrderedDict
 from torch import nn
 from torchvision.models import DenseNet
 
-from compressor.memory.dense import make_densenet_efficient
 from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
 
@@ -24,8 +25,7 @@ CHECKPOINT_BLOCKS = ("_DenseLayer",)
 
 
 def densenet_bc(depth: int, growth_rate: int, num_classes: int, in_channels: int = 3,
-                small_inputs: bool = True, efficient: bool = False,
-                drop_rate: float = 0.0) -> nn.Module:
+                small_inputs: bool = True, drop_rate: float = 0.0) -> nn.Module:
     """DenseNet-BC with `depth` layers and growth rate `growth_rate` (torchvision's modules).
 
     Three dense blocks of (depth - 4) / 6 bottleneck layers, transitions that halve the
@@ -50,20 +50,17 @@ def densenet_bc(depth: int, growth_rate: int, num_classes: int, in_channels: int
             if name not in ("conv0", "norm0", "relu0", "pool0")]
     model.features = nn.Sequential(OrderedDict(stem + body))
     nn.init.kaiming_normal_(model.features.conv0.weight)
-    if efficient:
-        make_densenet_efficient(model)
     return model
 
 
 def _register(depth: int, growth_rate: int) -> None:
     @register_model(f"densenet_bc_{depth}_cifar", datasets=DATASETS, family="densenet_cifar",
                     checkpoint_blocks=CHECKPOINT_BLOCKS,
-                    model_attrs={"small_inputs": True, "efficient": False, "drop_rate": 0.0})
+                    model_attrs={"small_inputs": True, "drop_rate": 0.0})
     def build(*, num_classes: int, input_spec: InputSpec, small_inputs: bool,
-              efficient: bool, drop_rate: float) -> nn.Module:
+              drop_rate: float) -> nn.Module:
         return densenet_bc(depth, growth_rate, num_classes, input_spec.channels,
-                           small_inputs=small_inputs, efficient=efficient,
-                           drop_rate=drop_rate)
+                           small_inputs=small_inputs, drop_rate=drop_rate)
 
 
 _register(100, 12)

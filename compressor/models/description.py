@@ -94,6 +94,8 @@ class ModelDescription:
         """Split a checkpoint's model_attrs into builder attributes and transform steps."""
         attrs = dict(model_attrs)
         steps: list[TransformStep] = []
+        # DenseNet-BC's former builder attribute, now the recompute memory variant
+        legacy_efficient = bool(attrs.pop("efficient", False))
         for key in _LEGACY_TRANSFORM_KEYS:  # format version 1
             if attrs.get(key) is not None:
                 steps.append(TransformStep(key, attrs.pop(key)))
@@ -105,6 +107,8 @@ class ModelDescription:
             raise CheckpointError("model_attrs.transforms is not a list of {name, recipe} "
                                   "entries; the checkpoint is damaged, use another one")
         steps += [TransformStep(item["name"], item["recipe"]) for item in listed]
+        if legacy_efficient and not any(step.name == "memory_efficient" for step in steps):
+            steps.insert(0, TransformStep("memory_efficient", "recompute"))
         return cls(arch, dataset, int(num_classes), input_spec, attrs, tuple(steps))
 
     @classmethod

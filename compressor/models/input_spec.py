@@ -1,80 +1,20 @@
-"""InputSpec: what an architecture expects as input (size, resize/crop, normalization)."""
+"""InputSpec, and the per-dataset defaults the registry reads, views of compressor.datasets."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from types import MappingProxyType
-from typing import Any
 
-__all__ = ["InputSpec", "DATASET_INPUT_SPECS", "DATASET_NUM_CLASSES"]
+from compressor.datasets import DATASET_SPECS
+from compressor.input_spec import IMAGENET_MEAN, IMAGENET_STD, InputSpec
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+__all__ = ["InputSpec", "IMAGENET_MEAN", "IMAGENET_STD", "DATASET_INPUT_SPECS",
+           "DATASET_NUM_CLASSES"]
 
-
-@dataclass(frozen=True)
-class InputSpec:
-    """Input size (C, H, W), resize/crop sizes, mean/std and interpolation of one model."""
-
-    input_size: tuple[int, int, int]
-    resize_size: int
-    crop_size: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    interpolation: str = "bilinear"
-
-    def __post_init__(self) -> None:
-        channels = self.input_size[0]
-        if len(self.mean) != channels or len(self.std) != channels:
-            raise ValueError(f"mean/std need {channels} values for input size {self.input_size}")
-
-    @property
-    def channels(self) -> int:
-        """Number of input channels."""
-        return self.input_size[0]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-value form, as stored in checkpoints."""
-        data = asdict(self)
-        data["input_size"] = list(self.input_size)
-        data["mean"] = list(self.mean)
-        data["std"] = list(self.std)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> InputSpec:
-        """Inverse of to_dict."""
-        return cls(
-            input_size=tuple(int(v) for v in data["input_size"]),
-            resize_size=int(data["resize_size"]),
-            crop_size=int(data["crop_size"]),
-            mean=tuple(float(v) for v in data["mean"]),
-            std=tuple(float(v) for v in data["std"]),
-            interpolation=str(data.get("interpolation", "bilinear")),
-        )
-
-    def with_channels(self, channels: int) -> InputSpec:
-        """The same spec for another channel count (mean/std repeated or averaged)."""
-        if channels == self.channels:
-            return self
-        mean = sum(self.mean) / len(self.mean)
-        std = sum(self.std) / len(self.std)
-        return InputSpec((channels, *self.input_size[1:]), self.resize_size, self.crop_size,
-                         (mean,) * channels, (std,) * channels, self.interpolation)
-
-
-# Distiller's own preprocessing for its small datasets, so its checkpoints evaluate as trained.
+# Derived from the dataset table (datasets with their own preprocessing and class count; the
+# synthetic dataset takes both from the architecture's default dataset).
 DATASET_INPUT_SPECS: MappingProxyType[str, InputSpec] = MappingProxyType({
-    "digits": InputSpec((1, 8, 8), 8, 8, (0.3054,), (0.3761,), "nearest"),
-    "mnist": InputSpec((1, 28, 28), 28, 28, (0.1307,), (0.3081,), "bilinear"),
-    "fashion-mnist": InputSpec((1, 28, 28), 28, 28, (0.2860,), (0.3530,), "bilinear"),
-    "cifar10": InputSpec((3, 32, 32), 32, 32, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5), "bilinear"),
-    "cifar100": InputSpec((3, 32, 32), 32, 32, (0.5071, 0.4865, 0.4409),
-                          (0.2673, 0.2564, 0.2762), "bilinear"),
-    "imagenet": InputSpec((3, 224, 224), 256, 224, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-})
+    name: spec.input_spec for name, spec in DATASET_SPECS.items() if spec.input_spec is not None})
 
 DATASET_NUM_CLASSES: MappingProxyType[str, int] = MappingProxyType({
-    "digits": 10, "mnist": 10, "fashion-mnist": 10, "cifar10": 10, "cifar100": 100,
-    "imagenet": 1000,
-})
+    name: spec.num_classes for name, spec in DATASET_SPECS.items()
+    if spec.num_classes is not None})

@@ -10,9 +10,10 @@ from typing import Any
 
 from torch import nn
 
+from compressor.datasets import dataset_names, dataset_spec
 from compressor.errors import UsageError
 from compressor.models.description import ModelDescription, describe
-from compressor.models.input_spec import DATASET_INPUT_SPECS, DATASET_NUM_CLASSES, InputSpec
+from compressor.models.input_spec import InputSpec
 
 __all__ = [
     "ArchSpec", "register_model", "get_arch_spec", "list_archs", "create_model",
@@ -20,7 +21,7 @@ __all__ = [
 ]
 
 SYNTHETIC = "synthetic"
-DATASETS = ("digits", "mnist", "fashion-mnist", "cifar10", "cifar100", "imagenet", SYNTHETIC)
+DATASETS = dataset_names()  # the rows of compressor.datasets.DATASET_SPECS
 
 Builder = Callable[..., nn.Module]
 
@@ -45,10 +46,13 @@ class ArchSpec:
         """The dataset used when none is given."""
         return self.datasets[0]
 
+    def own_dataset(self, dataset: str) -> str:
+        """The dataset whose input spec and classes apply (synthetic: the default dataset)."""
+        return self.default_dataset if dataset_spec(dataset).input_spec is None else dataset
+
     def input_spec(self, dataset: str) -> InputSpec:
         """The InputSpec for a dataset (synthetic data uses the default dataset's)."""
-        if dataset == SYNTHETIC:
-            dataset = self.default_dataset
+        dataset = self.own_dataset(dataset)
         if dataset not in self.input_specs:
             raise UsageError(
                 f"architecture '{self.name}' does not support dataset '{dataset}'; "
@@ -57,9 +61,11 @@ class ArchSpec:
 
     def num_classes(self, dataset: str) -> int:
         """Number of classes of a dataset (synthetic data uses the default dataset's)."""
-        if dataset == SYNTHETIC:
-            dataset = self.default_dataset
-        return DATASET_NUM_CLASSES[dataset]
+        own = dataset_spec(self.own_dataset(dataset))
+        if own.num_classes is None:
+            raise UsageError(f"dataset '{own.name}' has no fixed number of classes; pass a "
+                             "checkpoint or a model built with num_classes")
+        return own.num_classes
 
     def resolve_attrs(self, given: Mapping[str, Any] | None, pretrained: bool = False
                       ) -> dict[str, Any]:
@@ -90,7 +96,11 @@ def register_model(name: str, *, datasets: tuple[str, ...],
             raise ValueError(f"architecture '{name}' is already registered")
         specs = dict(input_specs or {})
         for dataset in datasets:
-            specs.setdefault(dataset, DATASET_INPUT_SPECS[dataset])
+            default = dataset_spec(dataset).input_spec
+            if default is None:
+                raise ValueError(f"architecture '{name}' lists dataset '{dataset}', which follows "
+                                 "the default dataset; list real datasets only")
+            specs.setdefault(dataset, default)
         _REGISTRY[name] = ArchSpec(name=name, builder=builder, datasets=tuple(datasets),
                                    input_specs=MappingProxyType(specs), **spec_fields)
         return builder
@@ -119,7 +129,7 @@ def create_model(arch: str, dataset: str, *, num_classes: int | None = None,
                  pretrained: bool = False) -> nn.Module:
     """Build `arch` for `dataset` with the builder alone, described by a ModelDescription."""
     spec = get_arch_spec(arch)
-    if dataset != SYNTHETIC and dataset not in spec.datasets:
+    if spec.own_dataset(dataset) not in spec.datasets:  # synthetic data fits any architecture
         raise UsageError(f"architecture '{arch}' does not support dataset '{dataset}'; "
                          f"use one of: {', '.join(spec.datasets)}")
     input_spec = input_spec or spec.input_spec(dataset)

@@ -6,6 +6,7 @@ from compressor.pruning.groups import GROUP_TYPES, element_mask, group_norms, sp
 from compressor.pruning.magnitude import (
     AutomatedGradualPruner,
     MagnitudeParameterPruner,
+    PerWeightPruner,
     SensitivityPruner,
     SparsityLevelParameterPruner,
     SplicingPruner,
@@ -19,8 +20,9 @@ from compressor.pruning.structured import (
 
 __all__ = [
     "Pruner", "LevelPruner", "PruneStep", "agp_sparsity", "GROUP_TYPES", "element_mask",
-    "group_norms", "sparsity", "MagnitudeParameterPruner", "SparsityLevelParameterPruner",
-    "AutomatedGradualPruner", "SensitivityPruner", "SplicingPruner", "StructurePruner",
-    "RankedStructurePruner", "RandomLevelStructureParameterPruner", "BernoulliFilterPruner",
+    "group_norms", "sparsity", "PerWeightPruner", "MagnitudeParameterPruner",
+    "SparsityLevelParameterPruner", "AutomatedGradualPruner", "SensitivityPruner",
+    "SplicingPruner", "StructurePruner", "RankedStructurePruner",
+    "RandomLevelStructureParameterPruner", "BernoulliFilterPruner",
     "ActivationAPoZRankedFilterPruner",
 ]

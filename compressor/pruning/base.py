@@ -6,14 +6,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 from torch import Tensor, nn
+
+from compressor.distributed import shared_generator
 
 __all__ = ["PruneStep", "Pruner", "LevelPruner", "agp_sparsity"]
 
 
 @dataclass(frozen=True)
 class PruneStep:
-    """Where in its policy a pruner is asked for masks, and what it may look at."""
+    """Where in its policy a pruner is asked for masks, and what it may look at.
+
+    `seed` is the run's seed and `minibatch` the index of the minibatch within the epoch at
+    which masks are computed (0 at the epoch's start): with the epoch they seed generator(),
+    the only randomness a pruner may use, so every rank draws the same masks.
+    """
 
     epoch: int
     starting_epoch: int
@@ -22,6 +30,12 @@ class PruneStep:
     model: nn.Module | None = None
     current_masks: Mapping[str, Tensor] = field(default_factory=dict)
     fold_batchnorm: bool = False
+    seed: int = 0
+    minibatch: int = 0
+
+    def generator(self, *keys: int | str) -> torch.Generator:
+        """A CPU generator for this step and `keys` (pruner, weight): the same on every rank."""
+        return shared_generator(self.seed, "prune", self.epoch, self.minibatch, *keys)
 
 
 def agp_sparsity(initial: float, final: float, step: PruneStep) -> float:
@@ -59,6 +73,9 @@ class Pruner:
 
     def detach(self) -> None:
         """Stop observing the model."""
+
+    def sync(self) -> None:
+        """Make state gathered on this rank (statistics) identical on all ranks; a collective."""
 
     def state_dict(self) -> dict[str, Any]:
         """Pruner state beyond its configuration (plain values and tensors only)."""

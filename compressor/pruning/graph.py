@@ -10,13 +10,27 @@ from torch import nn
 __all__ = ["following_batchnorms"]
 
 
+class _NormLeafTracer(torch.fx.Tracer):
+    """A tracer that keeps every batch norm (in-place ABN too) as one call_module node."""
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        """Batch norms are leaves, whatever their forward does inside."""
+        return isinstance(m, nn.modules.batchnorm._BatchNorm) or super().is_leaf_module(
+            m, module_qualified_name)
+
+
 def following_batchnorms(model: nn.Module, module_names: Iterable[str]) -> dict[str, str | None]:
-    """For each module name, the BatchNorm module that is the only user of its output, if any."""
+    """For each module name, the BatchNorm module that is the only user of its output, if any.
+
+    Raises:
+        ValueError: one line, when torch.fx cannot trace the model.
+    """
     wanted = set(module_names)
     try:
-        graph = torch.fx.symbolic_trace(model).graph
+        graph = _NormLeafTracer().trace(model)
     except Exception as exc:  # tracing fails on data-dependent control flow
-        raise ValueError(f"cannot trace {type(model).__name__} to find batch norms: {exc}") from exc
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ValueError(f"torch.fx cannot trace {type(model).__name__} ({reason})") from exc
     modules = dict(model.named_modules())
     found: dict[str, str | None] = dict.fromkeys(wanted)
     for node in graph.nodes:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -12,42 +13,90 @@ from compressor.pruning.base import LevelPruner, Pruner, PruneStep
 from compressor.pruning.groups import element_mask
 
 __all__ = [
-    "MagnitudeParameterPruner", "SparsityLevelParameterPruner", "AutomatedGradualPruner",
-    "SensitivityPruner", "SplicingPruner",
+    "PerWeightPruner", "MagnitudeParameterPruner", "SparsityLevelParameterPruner",
+    "AutomatedGradualPruner", "SensitivityPruner", "SplicingPruner",
 ]
 
 
-class MagnitudeParameterPruner(Pruner):
-    """Zero the elements whose magnitude is at most a per-weight threshold."""
+class PerWeightPruner(Pruner):
+    """Base of Distiller's element-wise pruners that take one value per weight (a threshold, a
+    level, a sensitivity), written in the schedule as the mapping named by `argument`.
 
-    def __init__(self, name: str, thresholds: Mapping[str, float]) -> None:
-        super().__init__(name, list(thresholds))
-        self.thresholds = dict(thresholds)
+    Pruners whose thresholds come from weight statistics take them once, from the weight as it
+    is on the first call (dense), as Distiller does; they are kept in the state for resume.
+    """
+
+    argument: ClassVar[str] = "values"
+    zero_is_noop: ClassVar[bool] = False  # a value of 0 leaves the weight alone (levels)
+
+    def __init__(self, name: str, values: Mapping[str, float]) -> None:
+        super().__init__(name, list(values))
+        self.values = dict(values)
+        self.stats: dict[str, Tensor] = {}
+
+    def with_values(self, values: Mapping[str, float]) -> PerWeightPruner:
+        """A copy of this pruner with other per-weight values (a policy's `levels` override)."""
+        clone = copy.copy(self)
+        clone.values, clone.weights, clone.stats = dict(values), tuple(values), {}
+        return clone
 
     def compute_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
-        """|w| > threshold."""
-        return {name: params[name].detach().abs().gt(self.thresholds[name]).to(params[name].dtype)
+        """One mask per weight, from its own value."""
+        return {name: self.mask_for(name, params[name].detach(), self.values[name], step)
                 for name in self.weights}
+
+    def mask_for(self, name: str, weight: Tensor, value: float, step: PruneStep) -> Tensor:
+        """The 0/1 mask of one weight (same shape and dtype)."""
+        raise NotImplementedError
+
+    def statistics(self, weight: Tensor) -> Tensor:
+        """The weight statistics the thresholds of this pruner are built on."""
+        raise NotImplementedError
+
+    def cached_statistics(self, name: str, weight: Tensor) -> list[float]:
+        """statistics(weight) of the first call for `name`, reused afterwards."""
+        if name not in self.stats:
+            self.stats[name] = self.statistics(weight).float().cpu()
+        return self.stats[name].tolist()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The cached weight statistics."""
+        return {"stats": {name: value.clone() for name, value in self.stats.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore the cached weight statistics."""
+        self.stats = {name: value.clone() for name, value in state.get("stats", {}).items()}
+
+
+class MagnitudeParameterPruner(PerWeightPruner):
+    """Zero the elements whose magnitude is at most a per-weight threshold."""
+
+    argument = "thresholds"
+
+    def mask_for(self, name: str, weight: Tensor, value: float, step: PruneStep) -> Tensor:
+        """|w| > threshold."""
+        return weight.abs().gt(value).to(weight.dtype)
 
     def describe_target(self, step: PruneStep) -> str:
         """Thresholds are magnitudes, not sparsities."""
         return "|w|>thr"
 
 
-class SparsityLevelParameterPruner(Pruner):
+class SparsityLevelParameterPruner(PerWeightPruner):
     """Bring each weight to its own element sparsity level, by magnitude."""
 
-    def __init__(self, name: str, levels: Mapping[str, float]) -> None:
-        super().__init__(name, list(levels))
-        self.levels = dict(levels)
+    argument = "levels"
+    zero_is_noop = True
 
-    def compute_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
-        """Smallest-magnitude elements zeroed to each weight's level."""
-        return {name: element_mask(params[name], self.levels[name]) for name in self.weights}
+    def mask_for(self, name: str, weight: Tensor, value: float, step: PruneStep) -> Tensor:
+        """Smallest-magnitude elements zeroed to the weight's level."""
+        return element_mask(weight, value)
 
     def describe_target(self, step: PruneStep) -> str:
         """The levels (one if all are equal)."""
-        levels = sorted(set(self.levels.values()))
+        levels = sorted(set(self.values.values()))
+        if not levels:
+            return "-"
         return f"{levels[0]:.4f}" if len(levels) == 1 else f"{levels[0]:.2f}..{levels[-1]:.2f}"
 
 
@@ -59,69 +108,59 @@ class AutomatedGradualPruner(LevelPruner):
         return element_mask(weight, level)
 
 
-class SensitivityPruner(Pruner):
-    """Han et al.'s pruning: zero |w| below sensitivity x std(w), recomputed at each step."""
+class SensitivityPruner(PerWeightPruner):
+    """Han et al.'s pruning: zero |w| <= sensitivity x std(w), with std taken once, on the first
+    call (as Distiller: pruning pulls more weights under the fixed threshold as training goes)."""
 
-    def __init__(self, name: str, sensitivities: Mapping[str, float]) -> None:
-        super().__init__(name, list(sensitivities))
-        self.sensitivities = dict(sensitivities)
+    argument = "sensitivities"
 
-    def compute_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
-        """|w| > s * std(w), on the weights as they are now (already-pruned zeros included)."""
-        masks = {}
-        for name in self.weights:
-            weight = params[name].detach()
-            threshold = self.sensitivities[name] * weight.std()
-            masks[name] = weight.abs().gt(threshold).to(weight.dtype)
-        return masks
+    def statistics(self, weight: Tensor) -> Tensor:
+        """std(w) of the dense weight."""
+        return weight.std().reshape(1)
+
+    def mask_for(self, name: str, weight: Tensor, value: float, step: PruneStep) -> Tensor:
+        """|w| > s * std(w)."""
+        (std,) = self.cached_statistics(name, weight)
+        return weight.abs().gt(value * std).to(weight.dtype)
 
     def describe_target(self, step: PruneStep) -> str:
         """Sensitivities are multiples of the std, not sparsities."""
         return "s*std"
 
 
-class SplicingPruner(Pruner):
-    """Guo et al.'s dynamic network surgery: prune below a low threshold, splice back above a high
-    one, keep the previous decision in between. The thresholds are (mean|w| + s * std|w|) times
-    low/high multipliers, with mean and std taken once, on the first call."""
+class SplicingPruner(PerWeightPruner):
+    """Guo et al.'s dynamic network surgery: prune below a low threshold, splice back at or above a
+    high one, keep the previous decision in between. The thresholds are (mean|w| + s * std|w|)
+    times low/high multipliers, with mean and std taken once, on the first call."""
+
+    argument = "sensitivities"
 
     def __init__(self, name: str, sensitivities: Mapping[str, float], low_thresh_mult: float,
                  hi_thresh_mult: float, sensitivity_multiplier: float = 0.0) -> None:
-        super().__init__(name, list(sensitivities))
-        self.sensitivities = dict(sensitivities)
+        super().__init__(name, sensitivities)
         self.low_thresh_mult = low_thresh_mult
         self.hi_thresh_mult = hi_thresh_mult
         self.sensitivity_multiplier = sensitivity_multiplier
-        self.stats: dict[str, Tensor] = {}  # name -> (mean|w|, std|w|) of the dense weight
 
-    def compute_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
+    def statistics(self, weight: Tensor) -> Tensor:
+        """mean|w| and std|w| of the dense weight."""
+        magnitude = weight.abs()
+        return torch.stack([magnitude.mean(), magnitude.std()])
+
+    def mask_for(self, name: str, weight: Tensor, value: float, step: PruneStep) -> Tensor:
         """Threshold with hysteresis against the current mask."""
-        masks = {}
-        for name in self.weights:
-            weight = params[name].detach()
-            magnitude = weight.abs()
-            if name not in self.stats:
-                self.stats[name] = torch.stack([magnitude.mean(), magnitude.std()]).float().cpu()
-            mean, std = self.stats[name].tolist()
-            sensitivity = self.sensitivities[name]
-            if self.sensitivity_multiplier > 0:
-                sensitivity *= 1 + (step.epoch - step.starting_epoch) * self.sensitivity_multiplier
-            threshold = mean + std * sensitivity
-            previous = step.current_masks.get(name)
-            mask = torch.ones_like(weight) if previous is None else previous.clone()
-            mask[magnitude.lt(threshold * self.low_thresh_mult)] = 0.0
-            mask[magnitude.gt(threshold * self.hi_thresh_mult)] = 1.0
-            masks[name] = mask
-        return masks
+        mean, std = self.cached_statistics(name, weight)
+        sensitivity = value
+        if self.sensitivity_multiplier > 0:
+            sensitivity *= 1 + (step.epoch - step.starting_epoch) * self.sensitivity_multiplier
+        threshold = mean + std * sensitivity
+        magnitude = weight.abs()
+        previous = step.current_masks.get(name)
+        mask = torch.ones_like(weight) if previous is None else previous.clone()
+        mask[magnitude.lt(threshold * self.low_thresh_mult)] = 0.0
+        mask[magnitude.ge(threshold * self.hi_thresh_mult)] = 1.0
+        return mask
 
     def describe_target(self, step: PruneStep) -> str:
         """Thresholds are statistical, not sparsities."""
         return "splice"
-
-    def state_dict(self) -> dict[str, Any]:
-        """The cached weight statistics."""
-        return {"stats": {name: value.clone() for name, value in self.stats.items()}}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Restore the cached weight statistics."""
-        self.stats = {name: value.clone() for name, value in state.get("stats", {}).items()}

@@ -3,12 +3,13 @@ fixed level or on AGP's schedule, optionally sharing one ranking (Leader); rando
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
+from compressor.errors import ScheduleError
+from compressor.models import description_of
 from compressor.pruning.base import LevelPruner, PruneStep
 from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import expand_group_mask, group_mask_from_scores, group_norms
@@ -17,8 +18,6 @@ __all__ = [
     "StructurePruner", "RankedStructurePruner", "RandomLevelStructureParameterPruner",
     "BernoulliFilterPruner", "OUTPUT_GROUPS",
 ]
-
-LOG = logging.getLogger("compressor")
 
 # Group types whose groups are a layer's outputs (conv filters, linear rows).
 OUTPUT_GROUPS = ("Filters", "3D", "Rows")
@@ -44,16 +43,27 @@ class StructurePruner(LevelPruner):
         self.block_shape = tuple(block_shape)
         self._bn_of: dict[str, str | None] | None = None
 
+    def attach(self, model: nn.Module) -> None:
+        """Filter (row) pruners find their batch norms now: an untraceable model fails at load."""
+        if self.group_type in OUTPUT_GROUPS:
+            self.batchnorms(model)
+
     def batchnorms(self, model: nn.Module) -> dict[str, str | None]:
-        """Layer name -> the batch norm that alone reads its output (traced once, then cached)."""
+        """Layer name -> the batch norm that alone reads its output (traced once, then cached).
+
+        Raises:
+            ScheduleError: when torch.fx cannot trace the model (data-dependent control flow).
+        """
         if self._bn_of is None:
             layers = [weight.rsplit(".", 1)[0] for weight in self.weights]
             try:
                 self._bn_of = following_batchnorms(model, layers)
             except ValueError as exc:
-                LOG.warning("%s: %s; batch norms after pruned filters are left unmasked",
-                            self.name, exc)
-                self._bn_of = dict.fromkeys(layers)
+                raise ScheduleError(
+                    f"pruner '{self.name}' ({self.group_type}): {exc}, so the batch norms after "
+                    f"pruned filters cannot be found in arch {_arch_of(model)}; use element-wise"
+                    f" pruning (AutomatedGradualPruner) for this arch, or make its forward "
+                    f"traceable by torch.fx") from exc
         return self._bn_of
 
     def compute_masks(self, params: Mapping[str, Tensor], step: PruneStep) -> dict[str, Tensor]:
@@ -150,8 +160,9 @@ class RandomLevelStructureParameterPruner(RankedStructurePruner):
         self.low, self.high = float(sparsity_range[0]), float(sparsity_range[1])
 
     def level(self, step: PruneStep) -> float:
-        """A random level in the range (torch's global generator, so seeds reproduce it)."""
-        return self.low + (self.high - self.low) * float(torch.rand(()))
+        """A random level in the range, drawn from the step's generator (the same on all ranks)."""
+        return self.low + (self.high - self.low) * float(
+            torch.rand((), generator=step.generator(self.name)))
 
     def describe_target(self, step: PruneStep) -> str:
         """The range the level is drawn from."""
@@ -168,7 +179,16 @@ class BernoulliFilterPruner(StructurePruner):
                          initial_sparsity=initial_sparsity, final_sparsity=final_sparsity)
 
     def mask_for_level(self, name: str, weight: Tensor, level: float, step: PruneStep) -> Tensor:
-        """A Bernoulli(1 - level) keep-mask over the groups."""
+        """A Bernoulli(1 - level) keep-mask over the groups (the step's generator: rank-free)."""
         groups = group_norms(weight, self.group_type).numel()
-        keep = torch.bernoulli(torch.full((groups,), 1.0 - level)).to(weight.device)
+        keep = torch.bernoulli(torch.full((groups,), 1.0 - level),
+                               generator=step.generator(self.name, name)).to(weight.device)
         return expand_group_mask(keep, weight, self.group_type)
+
+
+def _arch_of(model: nn.Module) -> str:
+    """The model's registry arch name when it carries a description, else its class name."""
+    try:
+        return description_of(model).arch
+    except ValueError:
+        return type(model).__name__

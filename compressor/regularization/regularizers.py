@@ -52,7 +52,11 @@ class Regularizer:
         return torch.stack(terms).sum()
 
     def threshold_masks(self, params: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """Masks zeroing the groups whose mean |w| (or max |w|) is below the strength."""
+        """Masks zeroing the groups whose mean |w| (or max |w|) is at most the strength.
+
+        A group is kept only when its value is strictly greater than the strength, as in
+        Distiller's threshold_mask / group_threshold_mask.
+        """
         if self.threshold_criteria is None:
             return {}
         masks = {}
@@ -60,7 +64,7 @@ class Regularizer:
             weight = params[name].detach()
             rows = group_rows(weight.abs(), group) if group else weight.abs().reshape(-1, 1)
             value = rows.mean(dim=1) if self.threshold_criteria == "Mean_Abs" else rows.amax(dim=1)
-            keep = value.ge(strength).to(weight.dtype)
+            keep = value.gt(strength).to(weight.dtype)
             masks[name] = keep.view_as(weight) if group is None else expand_group_mask(
                 keep, weight, group)
         return masks

@@ -6,25 +6,30 @@ Every error names the file, the entry and the fix, on one line (a ScheduleError)
 from __future__ import annotations
 
 import difflib
+import reprlib
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 from torch import Tensor, nn
 
 from compressor.errors import ScheduleError
+from compressor.models.description import unwrap_model
 
-__all__ = ["EntryReader", "ParamResolver", "unwrap_model"]
+__all__ = ["EntryReader", "ParamResolver", "unwrap_model", "shown", "DEFAULT_KEY"]
 
 _REQUIRED = object()
+# Distiller's key for "every weight not listed by name" in per-weight mappings (thresholds ...).
+DEFAULT_KEY = "*"
 
 
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """The model inside DataParallel / DistributedDataParallel / torch.compile wrappers."""
-    while True:
-        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
+def shown(value: Any) -> str:
+    """A short one-line repr of a user's value for an error message (bounded in size and depth,
+    so that a huge or deeply shared YAML value cannot flood or stall the message)."""
+    limits = reprlib.Repr()  # keyword arguments need Python 3.12
+    limits.maxlevel, limits.maxlist, limits.maxdict = 2, 4, 4
+    limits.maxstring, limits.maxother = 200, 80
+    text = " ".join(limits.repr(value).split())
+    return text if len(text) <= 240 else f"{text[:237]}..."
 
 
 class EntryReader:
@@ -38,9 +43,10 @@ class EntryReader:
         self.mapping = dict(mapping)
         self.read: set[str] = set()
 
-    def fail(self, problem: str, fix: str) -> None:
+    def fail(self, problem: str, fix: str) -> NoReturn:
         """Raise the one-line error of this entry."""
-        raise ScheduleError(f"{self.source}: {self.where}: {problem}; {fix}")
+        message = f"{self.source}: {self.where}: {problem}; {fix}"
+        raise ScheduleError(" ".join(message.split()))
 
     def has(self, key: str) -> bool:
         """Whether `key` is present."""
@@ -70,12 +76,13 @@ class EntryReader:
         """Check that `value` is a number within the bounds; returns it converted to `kind`."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (
                 kind is int and not isinstance(value, int)):
-            self.fail(f"'{key}' must be {'an integer' if kind is int else 'a number'}, "
-                      f"not {value!r}", f"write a plain {'integer' if kind is int else 'number'}")
+            noun = "integer" if kind is int else "number"
+            self.fail(f"'{key}' must be {'an' if kind is int else 'a'} {noun}, "
+                      f"not {shown(value)}", f"write a plain {noun}")
         upper_bad = high is not None and (value >= high if high_open else value > high)
         if (low is not None and value < low) or upper_bad:
             bracket = ")" if high_open else "]"
-            self.fail(f"'{key}' is {value}, outside [{low}, {high}{bracket}",
+            self.fail(f"'{key}' is {shown(value)}, outside [{low}, {high}{bracket}",
                       f"use a value in [{low}, {high}{bracket}")
         return kind(value)
 
@@ -88,25 +95,25 @@ class EntryReader:
         value = self.raw(key, default)
         choices = tuple(choices)
         if value is not default and value not in choices:
-            self.fail(f"'{key}' is {value!r}", f"use one of: {', '.join(choices)}")
+            self.fail(f"'{key}' is {shown(value)}", f"use one of: {', '.join(choices)}")
         return value
 
     def boolean(self, key: str, default: bool = False) -> bool:
         """True or False."""
         value = self.raw(key, default)
         if not isinstance(value, bool):
-            self.fail(f"'{key}' must be True or False, not {value!r}", "write True or False")
+            self.fail(f"'{key}' must be True or False, not {shown(value)}", "write True or False")
         return value
 
     def finish(self, extra_allowed: Iterable[str] = ()) -> None:
         """Refuse any key that was not read."""
-        unknown = sorted(set(self.mapping) - self.read - set(extra_allowed))
+        unknown = sorted(set(self.mapping) - self.read - set(extra_allowed), key=str)
         if unknown:
             allowed = sorted(self.read | set(extra_allowed))
             close = difflib.get_close_matches(str(unknown[0]), allowed, n=1)
             hint = f"did you mean '{close[0]}'?" if close else (
                 f"accepted keys: {', '.join(allowed)}")
-            self.fail(f"unknown key '{unknown[0]}'", f"remove it or fix its name ({hint})")
+            self.fail(f"unknown key {shown(unknown[0])}", f"remove it or fix its name ({hint})")
 
 
 class ParamResolver:
@@ -129,17 +136,19 @@ class ParamResolver:
     def resolve(self, name: Any, reader: EntryReader, key: str) -> str:
         """The model's name for `name`, or an error that suggests the closest names."""
         if not isinstance(name, str):
-            reader.fail(f"'{key}' holds {name!r}, not a parameter name",
+            reader.fail(f"'{key}' holds {shown(name)}, not a parameter name",
                         "write names such as layer1.0.conv1.weight")
+        if name == DEFAULT_KEY:
+            reader.fail(f"'{key}' does not accept Distiller's '*' (every weight)",
+                        "name each parameter")
         for spelling in self.candidates(name):
             if spelling in self.params:
                 return spelling
-        close = difflib.get_close_matches(self.candidates(name)[-1], self.params, n=3)
+        close = difflib.get_close_matches(self.candidates(name)[-1][:200], self.params, n=3)
         hint = f"did you mean {', '.join(close)}?" if close else (
             "list the model's names with --summary sparsity")
-        reader.fail(f"parameter '{name}' in '{key}' matches nothing in "
+        reader.fail(f"parameter {shown(name)} in '{key}' matches nothing in "
                     f"{type(self.model).__name__}", f"fix the name ({hint})")
-        raise AssertionError  # unreachable: fail raises
 
     def resolve_list(self, value: Any, reader: EntryReader, key: str) -> list[str]:
         """A name or a list of names, resolved; an empty list is an error."""
@@ -150,9 +159,20 @@ class ParamResolver:
         resolved = [self.resolve(name, reader, key) for name in names]
         return list(dict.fromkeys(resolved))
 
-    def resolve_map(self, value: Any, reader: EntryReader, key: str) -> dict[str, Any]:
-        """A mapping keyed by parameter names, with the keys resolved."""
+    def resolve_map(self, value: Any, reader: EntryReader, key: str,
+                    allow_default: bool = False) -> dict[str, Any]:
+        """A mapping keyed by parameter names, with the keys resolved.
+
+        With `allow_default`, Distiller's '*' key gives its value to every weight (parameter of
+        two or more dimensions: convolution and linear weights) that no other key names.
+        """
         if not isinstance(value, Mapping) or not value:
             reader.fail(f"'{key}' must be a non-empty mapping of parameter names",
                         f"write {key}: {{layer1.0.conv1.weight: ...}}")
-        return {self.resolve(name, reader, key): item for name, item in value.items()}
+        named = {self.resolve(name, reader, key): item for name, item in value.items()
+                 if not (allow_default and name == DEFAULT_KEY)}
+        if not allow_default or DEFAULT_KEY not in value:
+            return named
+        default = {name: value[DEFAULT_KEY] for name, param in self.params.items()
+                   if param.dim() > 1}
+        return {**default, **named}

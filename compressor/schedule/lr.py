@@ -1,5 +1,11 @@
 """Learning-rate schedulers for schedules, with Distiller's semantics: the rate is a closed-form
-function of the absolute epoch, set at the end of each epoch in which its policy is active."""
+function of the absolute epoch, set at the end of each epoch in which its policy is active.
+
+They follow torch's LR-scheduler API: `step()` advances `last_epoch` by one and sets that
+epoch's rates, `step(epoch)` jumps to an absolute epoch (torch's closed form), and
+ReduceLROnPlateau's `step(metrics)` takes the watched value. `end_of_epoch` is what a schedule's
+LR policy calls: the closed-form rate of epoch + 1, as Distiller's LRPolicy does.
+"""
 
 from __future__ import annotations
 
@@ -11,20 +17,24 @@ from typing import Any
 import torch
 
 __all__ = [
-    "EpochLR", "StepLR", "MultiStepLR", "MultiStepMultiGammaLR", "ExponentialLR",
+    "end_of_epoch", "EpochLR", "StepLR", "MultiStepLR", "MultiStepMultiGammaLR", "ExponentialLR",
     "CosineAnnealingLR", "ReduceLROnPlateau", "LR_SCHEDULERS",
 ]
 
 
 class EpochLR:
-    """Base: lr(epoch) = base_lr * factor(epoch); mirrors torch's step()/state_dict() API."""
+    """Base: lr(epoch) = base_lr * factor(epoch); mirrors torch's step()/state_dict() API.
+
+    Building one leaves the optimizer's rates as they are (a resumed optimizer keeps its own);
+    `last_epoch` starts at 0, as a torch scheduler's does after construction.
+    """
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         self.optimizer = optimizer
         for group in optimizer.param_groups:
             group.setdefault("initial_lr", group["lr"])
         self.base_lrs = [float(group["initial_lr"]) for group in optimizer.param_groups]
-        self.last_epoch = -1
+        self.last_epoch = 0
 
     def factor(self, epoch: int) -> float:
         """The multiplier of the base rate at `epoch`."""
@@ -34,10 +44,15 @@ class EpochLR:
         """The learning rate of each parameter group at `epoch`."""
         return [base * self.factor(epoch) for base in self.base_lrs]
 
-    def step(self, epoch: int, metrics: Mapping[str, float] | None = None) -> None:
-        """End of `epoch`: set the rates of epoch + 1."""
-        self.last_epoch = epoch + 1
-        for group, lr in zip(self.optimizer.param_groups, self.lrs_at(epoch + 1), strict=True):
+    def get_last_lr(self) -> list[float]:
+        """The rates of `last_epoch` (torch's name)."""
+        return self.lrs_at(self.last_epoch)
+
+    def step(self, epoch: int | None = None) -> None:
+        """Advance to the next epoch, or to `epoch` when given, and set its rates."""
+        self.last_epoch = self.last_epoch + 1 if epoch is None else int(epoch)
+        for group, lr in zip(self.optimizer.param_groups, self.lrs_at(self.last_epoch),
+                             strict=True):
             group["lr"] = lr
 
     def preview(self, epoch: int, current: list[float]) -> list[float]:
@@ -137,12 +152,19 @@ class ReduceLROnPlateau:
         self.scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, **kwargs)
         self.optimizer = optimizer
 
-    def step(self, epoch: int, metrics: Mapping[str, float] | None = None) -> None:
-        """Reduce the rate when the watched metric stops improving."""
-        if metrics is None:
-            raise ValueError("ReduceLROnPlateau needs the epoch's validation metrics")
-        key = "loss" if self.scheduler.mode == "min" else "top1"
-        self.scheduler.step(float(metrics[key]))
+    @property
+    def last_epoch(self) -> int:
+        """The number of steps taken (torch's counter)."""
+        return int(self.scheduler.last_epoch)
+
+    @property
+    def watched(self) -> str:
+        """The validation metric it watches: 'loss' in mode 'min', 'top1' in mode 'max'."""
+        return "loss" if self.scheduler.mode == "min" else "top1"
+
+    def step(self, metrics: float) -> None:
+        """Reduce the rate when the watched value stops improving (torch's step(metrics))."""
+        self.scheduler.step(float(metrics))
 
     def preview(self, epoch: int, current: list[float]) -> list[float]:
         """Unknown in advance: the rate stays until the metric plateaus."""
@@ -155,6 +177,19 @@ class ReduceLROnPlateau:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore torch's state."""
         self.scheduler.load_state_dict(dict(state))
+
+
+def end_of_epoch(scheduler: EpochLR | ReduceLROnPlateau, epoch: int,
+                 metrics: Mapping[str, float] | None) -> None:
+    """End of `epoch` in an LR policy: the closed-form rates of epoch + 1 (Distiller's
+    step(epoch=epoch + 1)), or ReduceLROnPlateau fed the watched validation metric."""
+    if isinstance(scheduler, ReduceLROnPlateau):
+        if metrics is None or scheduler.watched not in metrics:
+            raise ValueError(f"ReduceLROnPlateau needs the epoch's validation "
+                             f"'{scheduler.watched}' in its metrics")
+        scheduler.step(float(metrics[scheduler.watched]))
+    else:
+        scheduler.step(epoch + 1)
 
 
 # name -> (class, required keys, optional keys)

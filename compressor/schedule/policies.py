@@ -11,6 +11,7 @@ from torch import Tensor
 
 from compressor.pruning import Pruner, PruneStep
 from compressor.regularization import Regularizer
+from compressor.schedule.lr import end_of_epoch
 
 if TYPE_CHECKING:
     from compressor.schedule.scheduler import CompressionScheduler
@@ -55,6 +56,7 @@ class PruningOptions:
     mask_gradients: bool = False
     discard_masks_at_minibatch_end: bool = False
     fold_batchnorm: bool = False
+    skip_first_minibatch: bool = False
 
 
 class Policy:
@@ -109,9 +111,11 @@ class PruningPolicy(Policy):
     """Masks from a pruner at each active epoch (and every N minibatches if asked).
 
     Masks are enforced in place after every optimizer step. With mask_on_forward_only the
-    weights are masked for the forward and backward passes only: the dense values are put back
-    before the optimizer step (as Distiller's use_double_copies), so pruned weights can recover
-    (splicing, DropFilter); keep_mask makes the last such mask permanent at the policy's end.
+    weights are masked before each forward pass but not after the optimizer step, so pruned
+    weights can recover (splicing, DropFilter); with use_double_copies too, the dense values are
+    put back before the optimizer step (Distiller's two copies). keep_mask makes the last such
+    mask permanent at the policy's end. skip_first_minibatch computes the policy's first masks
+    at the second minibatch of its first epoch instead of at the epoch's start.
     """
 
     kind = "pruner"
@@ -124,31 +128,38 @@ class PruningPolicy(Policy):
         self.own: dict[str, Tensor] = {}
         self.dense: dict[str, Tensor] = {}
 
-    def _step(self, sched: CompressionScheduler, epoch: int) -> PruneStep:
+    def _step(self, sched: CompressionScheduler, epoch: int, batch: int = 0) -> PruneStep:
         window = self.window
         return PruneStep(epoch, window.starting_epoch, window.ending_epoch, window.frequency,
-                         sched.model, self.own, self.options.fold_batchnorm)
+                         sched.model, self.own, self.options.fold_batchnorm,
+                         seed=sched.seed, minibatch=batch)
 
-    def _update(self, sched: CompressionScheduler, epoch: int) -> None:
-        self.own = self.pruner.compute_masks(sched.params, self._step(sched, epoch))
+    def _update(self, sched: CompressionScheduler, epoch: int, batch: int = 0) -> None:
+        self.own = self.pruner.compute_masks(sched.params, self._step(sched, epoch, batch))
         sched.masks_changed()
+
+    def _skips(self, epoch: int) -> bool:
+        return self.options.skip_first_minibatch and epoch == min(self.window.epochs)
 
     def on_epoch_begin(self, sched: CompressionScheduler, epoch: int) -> None:
         """Compute this epoch's masks."""
-        self._update(sched, epoch)
+        if not self._skips(epoch):
+            self._update(sched, epoch)
 
     def on_minibatch_begin(self, sched: CompressionScheduler, epoch: int, batch: int,
                            batches: int) -> None:
         """Recompute masks every N minibatches; mask the weights for the forward pass."""
         frequency = self.options.mini_batch_pruning_frequency
-        if frequency and batch > 0 and (epoch * batches + batch) % frequency == 0:
-            self._update(sched, epoch)
+        if (frequency and batch > 0 and (epoch * batches + batch) % frequency == 0) or (
+                batch == 1 and self._skips(epoch)):
+            self._update(sched, epoch, batch)
             if not self.forward_only:
                 sched.apply_masks()
         if self.forward_only and self.own:
             with torch.no_grad():
                 for name, mask in self.own.items():
-                    self.dense[name] = sched.params[name].detach().clone()
+                    if self.options.use_double_copies:
+                        self.dense[name] = sched.params[name].detach().clone()
                     sched.params[name].mul_(mask)
 
     def before_parameter_optimization(self, sched: CompressionScheduler) -> None:
@@ -250,7 +261,7 @@ class LRPolicy(Policy):
     def on_epoch_end(self, sched: CompressionScheduler, epoch: int,
                      metrics: Mapping[str, float] | None) -> None:
         """Set the next epoch's rate."""
-        self.scheduler.step(epoch, metrics)
+        end_of_epoch(self.scheduler, epoch, metrics)
 
 
 class ExtensionPolicy(Policy):

@@ -11,6 +11,7 @@ from compressor.pruning import (
     AutomatedGradualPruner,
     BernoulliFilterPruner,
     MagnitudeParameterPruner,
+    PerWeightPruner,
     RandomLevelStructureParameterPruner,
     RankedStructurePruner,
     SensitivityPruner,
@@ -25,9 +26,9 @@ from compressor.regularization import (
     GroupVarianceRegularizer,
     L1Regularizer,
 )
-from compressor.schedule.config import EntryReader, ParamResolver
+from compressor.schedule.config import EntryReader, ParamResolver, shown
 
-__all__ = ["SCHEDULE_CLASSES", "QUANTIZER_CLASSES", "Builder", "section_of"]
+__all__ = ["SCHEDULE_CLASSES", "QUANTIZER_CLASSES", "Builder", "section_of", "per_weight_values"]
 
 Builder = Callable[[str, EntryReader, ParamResolver], Any]
 
@@ -70,7 +71,7 @@ def _block_shape(reader: EntryReader, group_type: str) -> tuple[int, ...]:
     sub.finish()
     if (not isinstance(shape, list) or len(shape) != 4
             or not all(isinstance(v, int) and v > 0 for v in shape)):
-        reader.fail(f"block_shape {shape!r} is not 4 positive integers",
+        reader.fail(f"block_shape {shown(shape)} is not 4 positive integers",
                     "write block_shape: [repetitions, depth, height, width]")
     if group_type != "Blocks" and tuple(shape) != (1, 1, 1, 1):
         reader.fail("block_shape is only used with group_type Blocks", "remove it")
@@ -95,33 +96,34 @@ def _agp(name: str, reader: EntryReader, resolver: ParamResolver) -> AutomatedGr
     return AutomatedGradualPruner(name, _weights(reader, resolver), **levels)
 
 
-def _magnitude(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
-    thresholds = resolver.resolve_map(reader.raw("thresholds"), reader, "thresholds")
-    for key, value in thresholds.items():
-        reader.check_number(f"thresholds.{key}", value, low=0.0)
-    return MagnitudeParameterPruner(name, thresholds)
+def per_weight_values(reader: EntryReader, resolver: ParamResolver, key: str,
+                      high: float | None = None, skip_zero: bool = False) -> dict[str, float]:
+    """Distiller's per-weight mapping under `key` (values in [0, high)), names resolved and '*'
+    given to every weight not named; with `skip_zero`, weights at 0.0 are left out (Distiller
+    does not prune a weight whose level is 0).
+    """
+    raw = reader.raw(key)
+    if isinstance(raw, Mapping):
+        for name, value in raw.items():
+            reader.check_number(f"{key}.{name}", value, low=0.0, high=high,
+                                high_open=high is not None)
+    values = {name: float(value) for name, value in
+              resolver.resolve_map(raw, reader, key, allow_default=True).items()}
+    if skip_zero:
+        values = {name: value for name, value in values.items() if value > 0.0}
+    return values
 
 
-def _levels(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
-    levels = resolver.resolve_map(reader.raw("levels"), reader, "levels")
-    for key, value in levels.items():
-        reader.check_number(f"levels.{key}", value, low=0.0, high=1.0, high_open=True)
-    return SparsityLevelParameterPruner(name, levels)
-
-
-def _sensitivities(reader: EntryReader, resolver: ParamResolver) -> dict[str, float]:
-    values = resolver.resolve_map(reader.raw("sensitivities"), reader, "sensitivities")
-    return {key: reader.check_number(f"sensitivities.{key}", value, low=0.0)
-            for key, value in values.items()}
-
-
-def _sensitivity(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
-    return SensitivityPruner(name, _sensitivities(reader, resolver))
+def _per_weight(cls: type[PerWeightPruner], high: float | None = None) -> Builder:
+    def build(name: str, reader: EntryReader, resolver: ParamResolver) -> PerWeightPruner:
+        return cls(name, per_weight_values(reader, resolver, cls.argument, high,
+                                           skip_zero=cls.zero_is_noop))
+    return build
 
 
 def _splicing(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
     return SplicingPruner(
-        name, _sensitivities(reader, resolver),
+        name, per_weight_values(reader, resolver, SplicingPruner.argument),
         low_thresh_mult=reader.number("low_thresh_mult", low=0.0),
         hi_thresh_mult=reader.number("hi_thresh_mult", low=0.0),
         sensitivity_multiplier=reader.number("sensitivity_multiplier", 0.0, low=0.0))
@@ -130,7 +132,7 @@ def _splicing(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
 def _random_level(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
     bounds = reader.raw("sparsity_range")
     if not isinstance(bounds, list) or len(bounds) != 2:
-        reader.fail(f"sparsity_range {bounds!r} is not [low, high]", "write [0.1, 0.2]")
+        reader.fail(f"sparsity_range {shown(bounds)} is not [low, high]", "write [0.1, 0.2]")
     low, high = (reader.check_number("sparsity_range", v, low=0.0, high=1.0, high_open=True)
                  for v in bounds)
     if high < low:
@@ -164,11 +166,11 @@ def _regularizer(cls: type, grouped: bool) -> Builder:
         for key, value in regims.items():
             if grouped:
                 if not isinstance(value, list) or len(value) != 2:
-                    reader.fail(f"reg_regims.{key} is {value!r}",
+                    reader.fail(f"reg_regims.{key} is {shown(value)}",
                                 "write [strength, group type], e.g. [0.0008, Channels]")
                 strength, group = value
                 if group not in REGULARIZER_GROUPS:
-                    reader.fail(f"reg_regims.{key} has group type {group!r}",
+                    reader.fail(f"reg_regims.{key} has group type {shown(group)}",
                                 f"use one of: {', '.join(REGULARIZER_GROUPS)}")
                 try:
                     group_index(resolver.params[key].shape, group)
@@ -194,9 +196,9 @@ def _thinner(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
 # class name -> (section, builder); LR schedulers are built by the loader (it holds the optimizer)
 SCHEDULE_CLASSES: Mapping[str, tuple[str, Builder | None]] = MappingProxyType({
     "AutomatedGradualPruner": ("pruners", _agp),
-    "MagnitudeParameterPruner": ("pruners", _magnitude),
-    "SparsityLevelParameterPruner": ("pruners", _levels),
-    "SensitivityPruner": ("pruners", _sensitivity),
+    "MagnitudeParameterPruner": ("pruners", _per_weight(MagnitudeParameterPruner)),
+    "SparsityLevelParameterPruner": ("pruners", _per_weight(SparsityLevelParameterPruner, 1.0)),
+    "SensitivityPruner": ("pruners", _per_weight(SensitivityPruner)),
     "SplicingPruner": ("pruners", _splicing),
     "StructuredAutomatedGradualPruner": ("pruners", _ranked(1, agp=True)),
     "L1RankedStructureParameterPruner": ("pruners", _ranked(1, agp=False)),

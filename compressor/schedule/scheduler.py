@@ -8,6 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compressor.distributed import verify_identical
 from compressor.errors import ScheduleError
 from compressor.schedule.config import unwrap_model
 from compressor.schedule.policies import ExtensionPolicy, LRPolicy, Policy, PruningPolicy
@@ -24,16 +25,19 @@ class CompressionScheduler:
     pruned when another prunes it too); a policy's new masks replace its own previous ones.
     The masks are applied in place to the plain parameters, so the model, its state_dict and
     everything that reads it (checkpoints, summaries, thinning) see ordinary tensors.
+    `seed` (the run's seed) seeds the pruners' random draws, identically on every rank; under
+    DDP each epoch begins by checking that every rank holds the same masks.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer,
                  policies: Sequence[Policy], source: str = "<schedule>",
-                 instances: Mapping[str, Any] | None = None) -> None:
+                 instances: Mapping[str, Any] | None = None, *, seed: int = 0) -> None:
         self.model = unwrap_model(model)
         self.optimizer = optimizer
         self.policies = list(policies)
         self.source = source
         self.instances = dict(instances or {})
+        self.seed = seed
         self.params: dict[str, Tensor] = dict(self.model.named_parameters())
         self._masks: dict[str, Tensor] | None = None
         for pruner in self._pruners():
@@ -99,6 +103,17 @@ class CompressionScheduler:
         for policy in active:
             if isinstance(policy, ExtensionPolicy):
                 policy.on_epoch_begin(self, epoch)
+        self._verify_masks(epoch)
+
+    def _verify_masks(self, epoch: int) -> None:
+        # Every policy's masks, forward-only ones included: replicas must apply the same ones.
+        current: dict[str, Tensor] = {}
+        for index, policy in enumerate(self.policies):
+            masks = policy.own if isinstance(policy, PruningPolicy) else policy.masks()
+            for name, mask in masks.items():
+                current[f"{index}:{policy.instance_name}:{name}"] = mask
+        device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
+        verify_identical(current, "masks", device, f"at epoch {epoch}")
 
     def on_minibatch_begin(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None:
         """Before the forward pass."""
@@ -125,7 +140,10 @@ class CompressionScheduler:
             policy.on_minibatch_end(self, epoch, batch_idx, batches_per_epoch)
 
     def on_epoch_end(self, epoch: int, metrics: Mapping[str, float] | None = None) -> None:
-        """LR schedulers step (ReduceLROnPlateau reads metrics['loss'] or ['top1'])."""
+        """Pruners sync their statistics over ranks (before the checkpoint); LR schedulers step
+        (ReduceLROnPlateau reads metrics['loss'] or ['top1'])."""
+        for pruner in self._pruners():
+            pruner.sync()
         for policy in self._active(epoch):
             policy.on_epoch_end(self, epoch, metrics)
 

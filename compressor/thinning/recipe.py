@@ -24,8 +24,9 @@ __all__ = ["RECIPE_VERSION", "THINNABLE", "apply_thinning_recipe", "compose_reci
            "module_sizes", "is_depthwise"]
 
 RECIPE_VERSION = 1
-THINNABLE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.BatchNorm1d, nn.BatchNorm2d,
-             nn.BatchNorm3d)
+# Every batch norm, including compressor.memory's InPlaceABN (its activation is applied per
+# channel, so slicing its channels is all that thinning it takes).
+THINNABLE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.modules.batchnorm._BatchNorm)
 
 
 def is_depthwise(module: nn.Module) -> bool:
@@ -98,7 +99,10 @@ def _thin_module(module: nn.Module, name: str, entry: dict[str, Any]) -> None:
 
 
 def apply_thinning_recipe(model: nn.Module, recipe: dict[str, Any]) -> nn.Module:
-    """Give a freshly built model the thinned shapes a recipe records (values: any)."""
+    """Give a freshly built model the thinned shapes a recipe records (values: any).
+
+    Returns `model`, sliced in place; the caller records the recipe (in its description).
+    """
     if not isinstance(recipe, dict) or recipe.get("version") != RECIPE_VERSION:
         raise CheckpointError("unsupported thinning recipe; re-run --thinnify with this version")
     modules = dict(model.named_modules())
@@ -108,8 +112,6 @@ def apply_thinning_recipe(model: nn.Module, recipe: dict[str, Any]) -> nn.Module
             raise CheckpointError(f"thinning recipe names '{name}', which is not a thinnable "
                                   f"module of this model; rebuild with the checkpoint's arch")
         _thin_module(module, name, entry)
-    if isinstance(getattr(model, "model_attrs", None), dict):
-        model.model_attrs = {**model.model_attrs, "thinning": recipe}
     return model
 
 

@@ -15,31 +15,22 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils import parametrize
 
 from compressor.errors import CompressorError, UsageError
 from compressor.losses import main_logits
+from compressor.models.description import description_of
 from compressor.thinning.recipe import (
     RECIPE_VERSION,
     THINNABLE,
     apply_thinning_recipe,
-    compose_recipes,
     is_depthwise,
     module_sizes,
 )
 
-__all__ = ["thin_model", "remove_masks", "find_thinning"]
+__all__ = ["thin_model", "find_thinning"]
 
 CONV = nn.modules.conv._ConvNd
 CONST_TOL = 1e-7  # a dead channel's value must be the same everywhere, up to rounding
-
-
-def remove_masks(model: nn.Module) -> None:
-    """Bake every parametrization (pruning mask) into its plain tensor, in place."""
-    for module in list(model.modules()):
-        if parametrize.is_parametrized(module):
-            for name in list(module.parametrizations):
-                parametrize.remove_parametrizations(module, name, leave_parametrized=True)
 
 
 def _consumer_inputs(model: nn.Module, modules: Iterable[nn.Module], inputs: Tensor
@@ -195,6 +186,33 @@ def _fold(module: nn.Module, idxs: list[int], values: list[float]) -> bool:
     return created
 
 
+def _refuse_empty_layers(plan: _Plan, names: dict[nn.Module, str]) -> None:
+    """A layer left without any filter (or input) is no layer: refuse, naming one of them.
+
+    Emptying one layer often empties its neighbours (an all-zero layer reads nothing): the
+    name given is that of a layer whose own weights are all zero where there is one.
+    """
+    emptied = []
+    order = {module: index for index, module in enumerate(names)}
+    for module, entry in plan.removed.items():
+        out_size, in_size = module_sizes(module)
+        weighted = isinstance(module, (CONV, nn.Linear))
+        zero = weighted and not bool(module.weight.detach().any())
+        if len(entry["out"]) >= out_size:
+            kind = "filters" if isinstance(module, CONV) else (
+                "output features" if weighted else "channels")
+            what = f"all {out_size} {kind}"
+        elif weighted and len(entry["in"]) >= in_size:
+            what = f"all {in_size} input channels"
+        else:
+            continue
+        emptied.append(((not zero, not weighted, order[module]), names[module], what))
+    if emptied:
+        _, name, what = min(emptied)
+        raise UsageError(f"thinning would remove {what} of '{name}'; keep at least one "
+                         f"(lower the pruner's sparsity for it)")
+
+
 def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
                   ) -> tuple[dict[str, Any], int]:
     """Fold dead channels' constants into `model` (in place) and return (recipe, channels)."""
@@ -212,6 +230,7 @@ def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
     plan = _Plan()
     removed = sum(_plan_group(g, graph, captured, exact, plan) for g in groups)
     names = {module: name for name, module in model.named_modules()}
+    _refuse_empty_layers(plan, names)
     biased = {module for module, idxs, values in plan.folds if _fold(module, idxs, values)}
     recipe_modules = {}
     for module, entry in plan.removed.items():
@@ -226,26 +245,34 @@ def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
     return {"version": RECIPE_VERSION, "modules": recipe_modules}, removed
 
 
+def _probe_batch(model: nn.Module) -> Tensor:
+    """A random batch of two at the model's InputSpec (from its ModelDescription)."""
+    try:
+        spec = description_of(model).input_spec
+    except ValueError:
+        raise UsageError("thin_model needs `inputs` for a model without a ModelDescription; "
+                         "pass a batch or build the model with create_model") from None
+    param = next(model.parameters())
+    return torch.randn(2, *spec.input_size, device=param.device, dtype=param.dtype)
+
+
 def thin_model(model: nn.Module, *, exact: bool = True, inputs: Tensor | None = None,
                atol: float = 1e-5) -> dict[str, Any]:
-    """Remove zeroed filters/channels of `model` in place and return the composed recipe.
+    """Remove zeroed filters/channels of `model` in place and return this thinning's recipe.
 
-    Masks are baked in first. A channel goes when every layer producing it has an all-zero
-    filter, or when every layer reading it has an all-zero input channel (column). The
-    constant a dead channel may still carry (a bias, a batch norm's shift) is folded into the
-    next layer's bias; where zero padding makes that inexact the channel is kept, unless
+    A channel goes when every layer producing it has an all-zero filter, or when every layer
+    reading it has an all-zero input channel (column). The constant a dead channel may still
+    carry (a bias, a batch norm's shift, through its activation) is folded into the next
+    layer's bias; where zero padding makes that inexact the channel is kept, unless
     `exact=False` (then the interior value is folded, close to what Distiller's thinning did).
-    The result is checked against the original outputs on a random batch (eval mode).
+    The result is checked against the original outputs on `inputs` (default: a random batch
+    at the model's InputSpec), in eval mode. A layer that would lose every filter or every
+    input is refused (UsageError), and `model` is left unchanged. The recipe's indices are
+    those of `model` as it was: compose it with an earlier recipe (compose_recipes) to get
+    one for the freshly built model; nothing is recorded on `model`.
     """
-    remove_masks(model)
     if inputs is None:
-        spec = getattr(model, "input_spec", None)
-        if spec is None:
-            raise UsageError("thin_model needs `inputs` for a model without an input_spec")
-        param = next(model.parameters())
-        inputs = torch.randn(2, *spec.input_size, device=param.device, dtype=param.dtype)
-    attrs = getattr(model, "model_attrs", None)
-    previous = attrs.get("thinning") if isinstance(attrs, dict) else None
+        inputs = _probe_batch(model)
     was_training = model.training
     model.eval()
     try:
@@ -264,7 +291,4 @@ def thin_model(model: nn.Module, *, exact: bool = True, inputs: Tensor | None = 
         model.load_state_dict(work.state_dict())
     finally:
         model.train(was_training)
-    composed = compose_recipes(previous, recipe)
-    if isinstance(attrs, dict):
-        model.model_attrs = {**attrs, "thinning": composed}
-    return composed
+    return recipe

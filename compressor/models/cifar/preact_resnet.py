@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from compressor.memory.checkpointing import checkpoint_seq
 from compressor.models.cifar.resnet import CIFAR_DATASETS, conv3x3
 from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
@@ -69,6 +70,7 @@ class PreactResNetCifar(nn.Module):
         self.final_relu = nn.ReLU(inplace=False)
         self.avgpool = nn.AdaptiveAvgPool2d(1)  # Distiller's AvgPool2d(8) at 32x32; any size here
         self.fc = nn.Linear(64, num_classes)
+        self.grad_checkpointing = False
 
     def _make_layer(self, planes: int, blocks: int, stride: int,
                     conv_downsample: bool) -> nn.Sequential:
@@ -81,8 +83,14 @@ class PreactResNetCifar(nn.Module):
         layers += [PreactBasicBlock(planes, planes) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each pre-activation block in backward instead of keeping its activations."""
+        self.grad_checkpointing = enable
+
     def forward(self, x: Tensor) -> Tensor:
-        x = self.layer3(self.layer2(self.layer1(self.conv1(x))))
+        x = self.conv1(x)
+        for stage in (self.layer1, self.layer2, self.layer3):
+            x = checkpoint_seq(stage, x) if self.grad_checkpointing else stage(x)
         x = self.final_relu(self.final_bn(x))
         return self.fc(self.avgpool(x).flatten(1))
 

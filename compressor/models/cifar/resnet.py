@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from compressor.memory.checkpointing import checkpoint_seq
 from compressor.memory.inplace_abn import InPlaceABN
 from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
@@ -65,6 +66,7 @@ class ResNetCifar(nn.Module):
         self.layer3 = self._make_layer(64, blocks_per_stage, 2, residual)
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(64 * BasicBlock.expansion, num_classes)
+        self.grad_checkpointing = False
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
@@ -83,9 +85,14 @@ class ResNetCifar(nn.Module):
         layers += [BasicBlock(planes, planes, residual=residual) for _ in range(1, blocks)]
         return nn.Sequential(*layers)
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each residual block in backward instead of keeping its activations."""
+        self.grad_checkpointing = enable
+
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))
-        x = self.layer3(self.layer2(self.layer1(x)))
+        for stage in (self.layer1, self.layer2, self.layer3):
+            x = checkpoint_seq(stage, x) if self.grad_checkpointing else stage(x)
         return self.fc(self.avgpool(x).flatten(1))
 
 

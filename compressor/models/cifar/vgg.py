@@ -6,6 +6,7 @@ from types import MappingProxyType
 
 from torch import Tensor, nn
 
+from compressor.memory.checkpointing import block_segments, checkpoint_seq
 from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
 
@@ -46,6 +47,7 @@ class VGGCifar(nn.Module):
         super().__init__()
         self.features = features
         self.classifier = nn.Linear(512, num_classes)
+        self.grad_checkpointing = False
         for module in self.modules():
             if isinstance(module, nn.Conv2d):
                 nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
@@ -57,8 +59,17 @@ class VGGCifar(nn.Module):
                 nn.init.normal_(module.weight, 0, 0.01)
                 nn.init.zeros_(module.bias)
 
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each convolution and the layers up to the next one in backward."""
+        self.grad_checkpointing = enable
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.classifier(self.features(x).flatten(1))
+        if self.grad_checkpointing:
+            x = checkpoint_seq(self.features, x,
+                               segments=block_segments(self.features, ["Conv2d"]))
+        else:
+            x = self.features(x)
+        return self.classifier(x.flatten(1))
 
 
 def _register_vgg(depth: int, batch_norm: bool) -> None:

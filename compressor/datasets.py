@@ -1,0 +1,117 @@
+"""The dataset table: one DatasetSpec row holds everything the framework knows about a dataset.
+
+The command line's --dataset choices, the model registry (classes, default input spec), the
+loaders (compressor.data.load) and the transforms (compressor.data.transforms) all read this
+table; adding a dataset is one row here plus, for a new file format, its loader function.
+
+This module imports no loader: the registry reads it and `models` must not import data code.
+A row names its loader as (module, function), imported on the first call.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from compressor.errors import UsageError
+from compressor.input_spec import IMAGENET_MEAN, IMAGENET_STD, InputSpec
+
+if TYPE_CHECKING:
+    from compressor.data.splits import LoadRequest, RawSplits
+
+__all__ = [
+    "DatasetSpec", "LazyLoader", "DATASET_SPECS", "dataset_spec", "dataset_names",
+    "NO_AUGMENT", "PAD_CROP_FLIP", "RESIZED_CROP_FLIP", "AUGMENTATIONS",
+]
+
+# Training augmentations, built by compressor.data.transforms.
+NO_AUGMENT = "none"
+PAD_CROP_FLIP = "pad-crop-flip"  # RandomCrop(crop, padding=4) + flip: Distiller's CIFAR
+RESIZED_CROP_FLIP = "resized-crop-flip"  # RandomResizedCrop(crop) + flip: ImageNet
+AUGMENTATIONS = (NO_AUGMENT, PAD_CROP_FLIP, RESIZED_CROP_FLIP)
+
+
+@dataclass(frozen=True)
+class LazyLoader:
+    """A loader function named by module and attribute, imported when first called."""
+
+    module: str
+    function: str
+    options: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments it receives
+
+    def __call__(self, request: LoadRequest) -> RawSplits:
+        """Load the raw splits a request asks for: function(request, **options)."""
+        loader = getattr(importlib.import_module(self.module), self.function)
+        return loader(request, **self.options)
+
+
+def _loader(module: str, function: str, **options: Any) -> LazyLoader:
+    return LazyLoader(f"compressor.data.{module}", function, MappingProxyType(options))
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """One dataset: classes, default preprocessing, stored format, augmentation and loader."""
+
+    name: str
+    num_classes: int | None  # None: as many as the model has (synthetic)
+    input_spec: InputSpec | None  # Distiller's preprocessing; None: the arch's default dataset's
+    native_format: tuple[int, int | None] | None  # (channels, side) as stored, side None when
+    # it varies; None: samples are generated ready to use (no transform at all)
+    needs_dir: bool  # read from DATASET_DIR (False: embedded or generated)
+    augment: str  # one of AUGMENTATIONS
+    loader: LazyLoader
+
+    def __post_init__(self) -> None:
+        if self.augment not in AUGMENTATIONS:
+            raise ValueError(f"dataset '{self.name}': unknown augmentation '{self.augment}'")
+
+
+def _idx(name: str, subdirs: tuple[str, ...], mean: float, std: float) -> DatasetSpec:
+    return DatasetSpec(name, 10, InputSpec((1, 28, 28), 28, 28, (mean,), (std,), "bilinear"),
+                       (1, 28), True, NO_AUGMENT, _loader("idx", "load_idx_dataset",
+                                                          subdirs=subdirs))
+
+
+def _cifar(name: str, spec: InputSpec, classes: int, subdir: str, train: tuple[str, ...],
+           test: tuple[str, ...], label_key: str, archive: str) -> DatasetSpec:
+    loader = _loader("cifar", "load_cifar_dataset", subdir=subdir, train_files=train,
+                     test_files=test, label_key=label_key, archive=archive)
+    return DatasetSpec(name, classes, spec, (3, 32), True, PAD_CROP_FLIP, loader)
+
+
+# Distiller's own preprocessing for its small datasets, so its checkpoints evaluate as trained.
+DATASET_SPECS: MappingProxyType[str, DatasetSpec] = MappingProxyType({spec.name: spec for spec in (
+    DatasetSpec("digits", 10, InputSpec((1, 8, 8), 8, 8, (0.3054,), (0.3761,), "nearest"),
+                (1, 8), False, NO_AUGMENT, _loader("digits", "load_digits_dataset")),
+    _idx("mnist", ("MNIST/raw", "MNIST", "mnist"), 0.1307, 0.3081),
+    _idx("fashion-mnist", ("FashionMNIST/raw", "FashionMNIST", "fashion-mnist"), 0.2860, 0.3530),
+    _cifar("cifar10", InputSpec((3, 32, 32), 32, 32, (0.5,) * 3, (0.5,) * 3, "bilinear"), 10,
+           "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
+           ("test_batch",), "labels", "cifar-10-python.tar.gz"),
+    _cifar("cifar100", InputSpec((3, 32, 32), 32, 32, (0.5071, 0.4865, 0.4409),
+                                 (0.2673, 0.2564, 0.2762), "bilinear"), 100,
+           "cifar-100-python", ("train",), ("test",), "fine_labels", "cifar-100-python.tar.gz"),
+    DatasetSpec("imagenet", 1000,
+                InputSpec((3, 224, 224), 256, 224, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
+                (3, None), True, RESIZED_CROP_FLIP, _loader("imagenet", "load_imagenet_dataset")),
+    DatasetSpec("synthetic", None, None, None, False, NO_AUGMENT,
+                _loader("synthetic", "load_synthetic_dataset")),
+)})
+
+
+def dataset_names() -> tuple[str, ...]:
+    """Every dataset name, in table order (the --dataset choices)."""
+    return tuple(DATASET_SPECS)
+
+
+def dataset_spec(name: str) -> DatasetSpec:
+    """The row of a dataset; an unknown name is a UsageError that lists the known ones."""
+    try:
+        return DATASET_SPECS[name]
+    except KeyError:
+        raise UsageError(f"unknown dataset '{name}'; use one of: "
+                         f"{', '.join(DATASET_SPECS)}") from None
