@@ -21,6 +21,6 @@ setup(
         "matplotlib",
         "torch-pruning==1.6.1",
     ],
-    extras_require={"dev": ["pytest==9.2.0", "ruff==0.17.6"]},
+    extras_require={"dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6"]},
     entry_points={"console_scripts": ["compress-classifier=compressor.app:main"]},
 )

@@ -10,6 +10,7 @@ Results go to `sensitivity.csv` and a `sensitivity.png` plot, as Distiller's did
 from __future__ import annotations
 
 import csv
+import io
 import math
 import os
 from collections.abc import Callable, Sequence
@@ -18,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compressor.checkpoint import atomic_write, atomic_write_text
 from compressor.errors import UsageError
 from compressor.metrics import weight_tensors
 from compressor.pruning.groups import (
@@ -109,11 +111,11 @@ def run_sensitivity(model: nn.Module, evaluate_fn: EvaluateFn, kind: str,
 
 def write_sensitivity_csv(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
     """One row per (parameter, sparsity): top1, top5, loss (Distiller's column order)."""
-    with open(path, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=["parameter", "sparsity", "top1", "top5",
-                                                    "loss"])
-        writer.writeheader()
-        writer.writerows(rows)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=["parameter", "sparsity", "top1", "top5", "loss"])
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, text.getvalue())
 
 
 def plot_sensitivity(rows: list[dict[str, Any]], path: str | os.PathLike, kind: str) -> None:
@@ -131,4 +133,5 @@ def plot_sensitivity(rows: list[dict[str, Any]], path: str | os.PathLike, kind: 
     axes.grid(True, alpha=0.3)
     if rows:
         axes.legend(fontsize=6, ncol=2, loc="lower left")
-    figure.savefig(path, dpi=100, bbox_inches="tight")
+    atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=100,
+                                                     bbox_inches="tight"))

@@ -4,4 +4,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
 .venv/bin/ruff check compressor tests benchmarks compress_classifier.py setup.py
-.venv/bin/python -m pytest -q "$@"
+# two workers (pytest-xdist): most tests are CLI subprocesses that wait on imports
+.venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" "$@"

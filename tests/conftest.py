@@ -25,7 +25,8 @@ def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for CLI subprocesses: the project on the path, few threads, no terminal."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("OMP_NUM_THREADS", "2")
+    # one intra-op thread: tiny models, and pytest-xdist runs two workers on two cores
+    env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra or {})
     return env
 
@@ -56,6 +57,12 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str)
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker computes on one thread (two workers share two cores)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")

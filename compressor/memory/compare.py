@@ -8,6 +8,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compressor.config import OptimizerConfig, make_optimizer
+
 __all__ = ["training_divergence", "flat_outputs", "square_loss"]
 
 
@@ -54,8 +56,8 @@ def training_divergence(reference: nn.Module, variant: nn.Module, inputs: Tensor
     loss_fn = loss_fn or square_loss
     worst = dict.fromkeys(("outputs", "input_grad", "param_grads", "params", "buffers"), 0.0)
     scale = 0.0
-    optimizers = [torch.optim.SGD(m.parameters(), lr=lr, momentum=0.9)
-                  for m in (reference, variant)]
+    config = OptimizerConfig(lr=lr, momentum=0.9, weight_decay=0.0)
+    optimizers = [make_optimizer(m.parameters(), config) for m in (reference, variant)]
     for step in range(steps):
         results = []
         for model, optimizer in zip((reference, variant), optimizers, strict=True):
