@@ -2,6 +2,11 @@
 
 from setuptools import find_packages, setup
 
+# --export-onnx: the exporter (torch.onnx, dynamo=True, needs onnxscript), the checker, the runtime
+ONNX = ["onnx==1.23.2", "onnxruntime==1.32.0", "onnxscript==0.7.2"]
+# --tensorboard: torch.utils.tensorboard's SummaryWriter needs the tensorboard package
+TENSORBOARD = ["tensorboard==2.21.0"]
+
 setup(
     name="compressor",
     version="0.1.0",
@@ -21,6 +26,10 @@ setup(
         "matplotlib",
         "torch-pruning==1.6.1",
     ],
-    extras_require={"dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6"]},
+    extras_require={
+        "onnx": ONNX,
+        "tensorboard": TENSORBOARD,
+        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6", *ONNX, *TENSORBOARD],
+    },
     entry_points={"console_scripts": ["compress-classifier=compressor.app:main"]},
 )

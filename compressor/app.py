@@ -21,9 +21,11 @@ from torch import nn
 from compressor.cli import parse_args
 from compressor.config import (
     DataConfig,
+    DistillationConfig,
     LoaderConfig,
     ModelRequest,
     OptimizerConfig,
+    ReportConfig,
     TrainConfig,
     make_optimizer,
 )
@@ -92,10 +94,24 @@ def _loader_config(args: argparse.Namespace) -> LoaderConfig:
     return LoaderConfig(batch_size=args.batch_size, workers=args.workers)
 
 
+def _distillation_config(args: argparse.Namespace) -> DistillationConfig | None:
+    if args.kd_teacher is None and args.kd_resume is None:
+        return None
+    teacher = ModelRequest(arch=args.kd_teacher, checkpoint=_path(args.kd_resume),
+                           pretrained=args.kd_pretrained)
+    return DistillationConfig(teacher=teacher, temperature=args.kd_temperature,
+                              distill_weight=args.kd_distill_wt,
+                              student_weight=args.kd_student_wt,
+                              start_epoch=args.kd_start_epoch)
+
+
 def _train_config(args: argparse.Namespace) -> TrainConfig:
+    reports = ReportConfig(tensorboard=args.tensorboard, confusion=args.confusion,
+                           masks_sparsity=args.masks_sparsity)
     return TrainConfig(epochs=args.epochs, optimizer=_optimizer_config(args),
                        loader=_loader_config(args), print_freq=args.print_freq,
-                       compress=_path(args.compress), reset_optimizer=args.reset_optimizer)
+                       compress=_path(args.compress), reset_optimizer=args.reset_optimizer,
+                       distillation=_distillation_config(args), reports=reports)
 
 
 def _data_config(args: argparse.Namespace, training: bool) -> DataConfig:
@@ -113,7 +129,7 @@ def _args_record(args: argparse.Namespace, setup: RunSetup,
 
 
 def _is_training(args: argparse.Namespace) -> bool:
-    return not (args.evaluate or args.sense or args.thinnify)
+    return not (args.evaluate or args.sense or args.thinnify or args.export_onnx is not None)
 
 
 def _print_results(results: dict[str, Any]) -> None:
@@ -189,6 +205,12 @@ def run(args: argparse.Namespace) -> int:
     config = _train_config(args)
     if training:
         check_resume_epochs(config, setup)
+        if config.reports.tensorboard:
+            from compressor.reports import require_tensorboard
+
+            require_tensorboard()  # before any file is written
+    if args.export_onnx is not None:
+        return _export(args, setup, ctx, model, started)
     data = _load_data(setup, _data_config(args, training), training)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
     run_dir = choose_run_dir(args.output_dir, args.name, setup.arch, resume_dir)
@@ -205,6 +227,8 @@ def run(args: argparse.Namespace) -> int:
             results = run_training(setup, ctx, model, data, writer_dir, config, record)
         else:
             results = _post_training(args, setup, ctx, model, data, writer_dir, config, record)
+        if config.reports.confusion:
+            results.update(_confusion(setup, ctx, model, data, writer_dir, config))
         results = {**results, **_model_facts(model, run_dir),
                    "time": time.perf_counter() - started}
         if ctx.is_main:
@@ -242,3 +266,53 @@ def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
                         run_dir)
     test = evaluate_fn(model)
     return {**test, **_progress_of(setup, test)}
+
+
+def _confusion(setup: RunSetup, ctx: DistContext, model: nn.Module,
+               data: DatasetSplits | EvaluationData, run_dir: Path | None,
+               config: TrainConfig) -> dict[str, Any]:
+    """--confusion: the confusion matrix of the test split (confusion.csv, confusion.png)."""
+    from compressor.reports import confusion_report
+
+    loader = eval_loader(data.test, config.loader.batch_size, config.loader.workers, ctx)
+    return confusion_report(model, loader, ctx.device, num_classes=data.num_classes,
+                            class_names=data.class_names, run_dir=run_dir,
+                            reduce=all_reduce_sum if ctx.enabled else None)
+
+
+def _export_sample(args: argparse.Namespace, setup: RunSetup) -> torch.Tensor:
+    """A real test batch when the data is at hand, else a seeded random batch at the spec."""
+    from compressor.data import needs_data_dir
+
+    description = setup.description
+    if args.data is not None or not needs_data_dir(description.dataset):
+        data = _load_data(setup, _data_config(args, training=False), training=False)
+        count = min(len(data.test), max(1, min(args.batch_size, 32)))
+        return torch.stack([data.test[i][0] for i in range(count)])
+    generator = torch.Generator().manual_seed(setup.seed)
+    return torch.randn(8, *description.input_spec.input_size, generator=generator)
+
+
+def _export(args: argparse.Namespace, setup: RunSetup, ctx: DistContext, model: nn.Module,
+            started: float) -> int:
+    """--export-onnx [FILE]: export, check in ONNX Runtime, write export.json; then exit."""
+    from compressor.export import export_onnx, require_onnx
+
+    require_onnx()  # without the extra, say so before any data is read
+    sample = _export_sample(args, setup)
+    run_dir = choose_run_dir(args.output_dir, args.name, setup.arch, None)
+    if not ctx.is_main:
+        return 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    destination = Path(args.export_onnx)
+    if not destination.is_absolute() and destination.parent == Path("."):
+        destination = run_dir / destination  # a bare file name lands in the run directory
+    with logging_to(run_dir, True) as log:
+        log.info("run directory %s", run_dir)
+        write_args_yaml(run_dir, _args_record(args, setup, ()))
+        facts = export_onnx(model.cpu().eval(), destination, sample, run_dir)
+        results = {**_model_facts(model, run_dir), "export": facts,
+                   "time": time.perf_counter() - started}
+        write_results_json(run_dir, results)
+        log.info("exported %s (%s)", destination, run_dir / "export.json")
+    return 0

@@ -184,6 +184,47 @@ def _add_compression_args(parser: argparse.ArgumentParser) -> None:
                        help="with --resume-from: remove zeroed filters/channels and save")
 
 
+def _add_distillation_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "knowledge distillation",
+        "loss = sw * task loss + dw * T^2 * KL(softmax(teacher/T) || softmax(student/T))")
+    group.add_argument("--kd-teacher", dest="kd_teacher", default=None, metavar="ARCH",
+                       help="teacher architecture (with --kd-pretrained or --kd-resume)")
+    group.add_argument("--kd-pretrained", dest="kd_pretrained", action="store_true",
+                       help="the teacher uses torchvision's pretrained weights")
+    group.add_argument("--kd-resume", dest="kd_resume", default=None, metavar="CKPT",
+                       help="the teacher: any compressor checkpoint (arch, attributes, "
+                            "thinning, memory variant and input spec come from it)")
+    group.add_argument("--kd-temperature", "--kd-temp", dest="kd_temperature",
+                       type=_real(0.0, None, low_open=True), default=1.0,
+                       help="softmax temperature T (default 1.0)")
+    group.add_argument("--kd-distill-wt", "--kd-dw", dest="kd_distill_wt",
+                       type=_real(0.0, None), default=0.5,
+                       help="weight of the distillation loss (default 0.5)")
+    group.add_argument("--kd-student-wt", "--kd-sw", dest="kd_student_wt",
+                       type=_real(0.0, None), default=0.5,
+                       help="weight of the student's task loss (default 0.5)")
+    group.add_argument("--kd-teacher-wt", "--kd-tw", dest="kd_teacher_wt",
+                       type=_real(0.0, None), default=0.0,
+                       help="weight of the teacher's own loss (not supported: must be 0)")
+    group.add_argument("--kd-start-epoch", dest="kd_start_epoch", type=_integer(0, INT_MAX),
+                       default=0, help="epoch from which distillation is on (default 0)")
+
+
+def _add_report_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("export and reports")
+    group.add_argument("--export-onnx", dest="export_onnx", nargs="?", const="model.onnx",
+                       default=None, metavar="FILE",
+                       help="export the model to ONNX (default model.onnx in the run "
+                            "directory), checked in ONNX Runtime; needs the [onnx] extra")
+    group.add_argument("--tensorboard", action="store_true",
+                       help="write TensorBoard scalars under the run directory")
+    group.add_argument("--confusion", action="store_true",
+                       help="confusion matrix of the evaluated split (confusion.csv/.png)")
+    group.add_argument("--masks-sparsity", dest="masks_sparsity", action="store_true",
+                       help="log the per-layer mask sparsity table at the end of each epoch")
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     """The compress_classifier.py argument parser."""
     parser = _OneLineParser(
@@ -194,6 +235,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add_training_args(parser)
     _add_checkpoint_args(parser)
     _add_compression_args(parser)
+    _add_distillation_args(parser)
+    _add_report_args(parser)
     return parser
 
 
@@ -222,4 +265,39 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UsageError("--reset-optimizer needs --resume-from CKPT")
     if args.resume_from and args.load_weights_from:
         raise UsageError("give either --resume-from or --exp-load-weights-from, not both")
+    _check_distillation(args)
+    _check_epoch_reports(args)
     return args
+
+
+def _check_epoch_reports(args: argparse.Namespace) -> None:
+    """Per-epoch reports need epochs: refuse them where nothing trains, rather than ignore them."""
+    mode = next((flag for flag, on in (("-e", args.evaluate), ("--thinnify", args.thinnify),
+                                       ("--sense", args.sense),
+                                       ("--export-onnx", args.export_onnx is not None),
+                                       ("--summary", args.summary), ("--dry-run", args.dry_run))
+                 if on), None)
+    if mode is None:
+        return
+    for flag, on in (("--tensorboard", args.tensorboard),
+                     ("--masks-sparsity", args.masks_sparsity)):
+        if on:
+            raise UsageError(f"{flag} reports training epochs, and {mode} trains none; drop "
+                             f"{flag} (or {mode})")
+
+
+def _check_distillation(args: argparse.Namespace) -> None:
+    """Distiller's --kd-* rules: a teacher comes with weights; the teacher loss is not built."""
+    if args.kd_teacher_wt != 0.0:
+        raise UsageError("--kd-teacher-wt is not supported (Distiller did not implement it "
+                         "either); drop it or pass --kd-teacher-wt 0")
+    if args.kd_teacher is None and args.kd_resume is None:
+        if args.kd_pretrained:
+            raise UsageError("--kd-pretrained needs --kd-teacher ARCH")
+        return
+    if args.kd_resume is None and not args.kd_pretrained:
+        raise UsageError("a distillation teacher needs weights: add --kd-pretrained (torchvision "
+                         "weights) or --kd-resume CKPT")
+    if args.kd_resume is not None and args.kd_pretrained:
+        raise UsageError("give either --kd-pretrained or --kd-resume CKPT for the teacher, "
+                         "not both")

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["OptimizerConfig", "LoaderConfig", "DataConfig", "ModelRequest", "TrainConfig",
-           "make_optimizer"]
+__all__ = ["OptimizerConfig", "LoaderConfig", "DataConfig", "ModelRequest", "DistillationConfig",
+           "ReportConfig", "TrainConfig", "make_optimizer"]
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,26 @@ class ModelRequest:
 
 
 @dataclass(frozen=True)
+class DistillationConfig:
+    """Knowledge distillation (Distiller's --kd-* flags): the teacher and the loss weights."""
+
+    teacher: ModelRequest  # an arch with pretrained weights, or a checkpoint
+    temperature: float = 1.0
+    distill_weight: float = 0.5
+    student_weight: float = 0.5
+    start_epoch: int = 0
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """Optional per-epoch and end-of-run reports."""
+
+    tensorboard: bool = False
+    confusion: bool = False
+    masks_sparsity: bool = False
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """The epoch loop: total epochs, logging, schedule, optimizer and loader settings."""
 
@@ -65,6 +85,8 @@ class TrainConfig:
     print_freq: int = 10
     compress: Path | None = None
     reset_optimizer: bool = False
+    distillation: DistillationConfig | None = None
+    reports: ReportConfig = ReportConfig()
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter],

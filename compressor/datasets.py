@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DatasetSpec", "LazyLoader", "DATASET_SPECS", "dataset_spec", "dataset_names",
-    "NO_AUGMENT", "PAD_CROP_FLIP", "RESIZED_CROP_FLIP", "AUGMENTATIONS",
+    "NO_AUGMENT", "PAD_CROP_FLIP", "RESIZED_CROP_FLIP", "AUGMENTATIONS", "DIGIT_NAMES",
+    "FASHION_MNIST_NAMES", "CIFAR10_NAMES", "CIFAR100_NAMES",
 ]
 
 # Training augmentations, built by compressor.data.transforms.
@@ -64,37 +65,65 @@ class DatasetSpec:
     needs_dir: bool  # read from DATASET_DIR (False: embedded or generated)
     augment: str  # one of AUGMENTATIONS
     loader: LazyLoader
+    class_names: tuple[str, ...] = ()  # label i is class_names[i]; () when the loader knows
+    # them (ImageFolder's folders) or nobody does (synthetic)
 
     def __post_init__(self) -> None:
         if self.augment not in AUGMENTATIONS:
             raise ValueError(f"dataset '{self.name}': unknown augmentation '{self.augment}'")
+        if self.class_names and len(self.class_names) != self.num_classes:
+            raise ValueError(f"dataset '{self.name}': {len(self.class_names)} class names for "
+                             f"{self.num_classes} classes")
 
 
-def _idx(name: str, subdirs: tuple[str, ...], mean: float, std: float) -> DatasetSpec:
+# Class names in label order (the loaders fill DatasetSplits.class_names from these).
+DIGIT_NAMES = tuple(str(digit) for digit in range(10))
+FASHION_MNIST_NAMES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                       "Sneaker", "Bag", "Ankle boot")
+CIFAR10_NAMES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship",
+                 "truck")
+# The fine labels of CIFAR-100's meta file (fine_label_names), which a loader prefers if present.
+CIFAR100_NAMES = tuple("""
+    apple aquarium_fish baby bear beaver bed bee beetle bicycle bottle bowl boy bridge bus
+    butterfly camel can castle caterpillar cattle chair chimpanzee clock cloud cockroach couch
+    crab crocodile cup dinosaur dolphin elephant flatfish forest fox girl hamster house kangaroo
+    keyboard lamp lawn_mower leopard lion lizard lobster man maple_tree motorcycle mountain mouse
+    mushroom oak_tree orange orchid otter palm_tree pear pickup_truck pine_tree plain plate poppy
+    porcupine possum rabbit raccoon ray road rocket rose sea seal shark shrew skunk skyscraper
+    snail snake spider squirrel streetcar sunflower sweet_pepper table tank telephone television
+    tiger tractor train trout tulip turtle wardrobe whale willow_tree wolf woman worm""".split())
+
+
+def _idx(name: str, subdirs: tuple[str, ...], mean: float, std: float,
+         class_names: tuple[str, ...]) -> DatasetSpec:
     return DatasetSpec(name, 10, InputSpec((1, 28, 28), 28, 28, (mean,), (std,), "bilinear"),
                        (1, 28), True, NO_AUGMENT, _loader("idx", "load_idx_dataset",
-                                                          subdirs=subdirs))
+                                                          subdirs=subdirs), class_names)
 
 
 def _cifar(name: str, spec: InputSpec, classes: int, subdir: str, train: tuple[str, ...],
-           test: tuple[str, ...], label_key: str, archive: str) -> DatasetSpec:
+           test: tuple[str, ...], label_key: str, archive: str, meta: tuple[str, str],
+           class_names: tuple[str, ...]) -> DatasetSpec:
     loader = _loader("cifar", "load_cifar_dataset", subdir=subdir, train_files=train,
-                     test_files=test, label_key=label_key, archive=archive)
-    return DatasetSpec(name, classes, spec, (3, 32), True, PAD_CROP_FLIP, loader)
+                     test_files=test, label_key=label_key, archive=archive, meta=meta)
+    return DatasetSpec(name, classes, spec, (3, 32), True, PAD_CROP_FLIP, loader, class_names)
 
 
 # Distiller's own preprocessing for its small datasets, so its checkpoints evaluate as trained.
 DATASET_SPECS: MappingProxyType[str, DatasetSpec] = MappingProxyType({spec.name: spec for spec in (
     DatasetSpec("digits", 10, InputSpec((1, 8, 8), 8, 8, (0.3054,), (0.3761,), "nearest"),
-                (1, 8), False, NO_AUGMENT, _loader("digits", "load_digits_dataset")),
-    _idx("mnist", ("MNIST/raw", "MNIST", "mnist"), 0.1307, 0.3081),
-    _idx("fashion-mnist", ("FashionMNIST/raw", "FashionMNIST", "fashion-mnist"), 0.2860, 0.3530),
+                (1, 8), False, NO_AUGMENT, _loader("digits", "load_digits_dataset"), DIGIT_NAMES),
+    _idx("mnist", ("MNIST/raw", "MNIST", "mnist"), 0.1307, 0.3081, DIGIT_NAMES),
+    _idx("fashion-mnist", ("FashionMNIST/raw", "FashionMNIST", "fashion-mnist"), 0.2860, 0.3530,
+         FASHION_MNIST_NAMES),
     _cifar("cifar10", InputSpec((3, 32, 32), 32, 32, (0.5,) * 3, (0.5,) * 3, "bilinear"), 10,
            "cifar-10-batches-py", tuple(f"data_batch_{i}" for i in range(1, 6)),
-           ("test_batch",), "labels", "cifar-10-python.tar.gz"),
+           ("test_batch",), "labels", "cifar-10-python.tar.gz", ("batches.meta", "label_names"),
+           CIFAR10_NAMES),
     _cifar("cifar100", InputSpec((3, 32, 32), 32, 32, (0.5071, 0.4865, 0.4409),
                                  (0.2673, 0.2564, 0.2762), "bilinear"), 100,
-           "cifar-100-python", ("train",), ("test",), "fine_labels", "cifar-100-python.tar.gz"),
+           "cifar-100-python", ("train",), ("test",), "fine_labels", "cifar-100-python.tar.gz",
+           ("meta", "fine_label_names"), CIFAR100_NAMES),
     DatasetSpec("imagenet", 1000,
                 InputSpec((3, 224, 224), 256, 224, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
                 (3, None), True, RESIZED_CROP_FLIP, _loader("imagenet", "load_imagenet_dataset")),

@@ -28,6 +28,7 @@ from compressor.engine import evaluate, train_one_epoch
 from compressor.errors import UsageError
 from compressor.loaders import epoch_seed, eval_loader, seed_everything, train_loader
 from compressor.losses import get_loss
+from compressor.reports import open_epoch_reports
 from compressor.run_dir import write_metrics_csv
 from compressor.run_setup import RunSetup
 
@@ -132,6 +133,30 @@ def _begin_epoch(compression: Any, epoch: int, model: nn.Module, net: nn.Module,
     return net
 
 
+def _start_distillation(config: TrainConfig, setup: RunSetup, student: nn.Module,
+                        task_loss: Any, ctx: DistContext) -> Any:
+    """The teacher and the distillation loss (None without --kd-*); resume checks its record.
+
+    A resume must distil its completed epochs as they were distilled: with --kd-* flags the
+    checkpoint's record must match them, and without, no completed epoch may have been
+    distilled (--reset-optimizer starts a new run from the weights, free of both checks).
+    """
+    resuming = setup.checkpoint is not None and not config.reset_optimizer
+    recorded = setup.checkpoint.get("distillation") if setup.checkpoint is not None else None
+    if config.distillation is None:
+        if resuming and recorded is not None:
+            from compressor.distillation import check_resume_without_distillation
+
+            check_resume_without_distillation(recorded, _int_key(setup, "epoch") + 1)
+        return None
+    from compressor.distillation import Distillation
+
+    distillation = Distillation.start(config.distillation, student, task_loss, ctx.device)
+    if resuming:
+        distillation.check_resume(recorded, next_epoch=_int_key(setup, "epoch") + 1)
+    return distillation
+
+
 def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: DatasetSplits,
                  run_dir: Path | None, config: TrainConfig,
                  args_record: Mapping[str, Any]) -> dict[str, Any]:
@@ -140,25 +165,31 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     compression = _load_compression(config, model, optimizer, setup.seed)
     state = _restore(config, setup, optimizer, compression)
     loss_fn = get_loss(setup.model.arch_spec.loss)
+    distillation = _start_distillation(config, setup, model, loss_fn, ctx)
     net = _wrap(model, ctx)
     loader_cfg: LoaderConfig = config.loader
     monitor_set = data.val if data.val is not None else data.test
     monitor = eval_loader(monitor_set, loader_cfg.batch_size, loader_cfg.workers, ctx)
     reduce = all_reduce_sum if ctx.enabled else None
-    with _heap_frozen():
+    reports = open_epoch_reports(config.reports, run_dir, model)
+    with _heap_frozen(), reports:
         for epoch in range(state.start_epoch, config.epochs):
             seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
             net = _begin_epoch(compression, epoch, model, net, ctx)
             loader = train_loader(data.train, loader_cfg.batch_size, loader_cfg.workers,
                                   setup.seed, epoch, ctx)
             lr = optimizer.param_groups[0]["lr"]
-            train = train_one_epoch(net, loader, loss_fn, optimizer, ctx.device, epoch,
+            trained, epoch_loss = net, loss_fn
+            if distillation is not None:
+                trained, epoch_loss = distillation.wrap(net), distillation.loss_for_epoch(epoch)
+            train = train_one_epoch(trained, loader, epoch_loss, optimizer, ctx.device, epoch,
                                     hooks=compression, print_freq=config.print_freq,
                                     reduce=reduce)
             val = evaluate(net, monitor, ctx.device, reduce=reduce, desc="validate")
             if compression is not None:
                 compression.on_epoch_end(epoch, val)
             state.history.append(_epoch_row(epoch, lr, train, val))
+            reports.epoch_end(epoch, state.history[-1], model, compression)
             is_best = val["top1"] > state.best_top1
             if is_best:
                 state.best_top1, state.best_epoch = val["top1"], epoch
@@ -170,6 +201,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
                     model, args=args_record, optimizer=optimizer.state_dict(),
                     lr_scheduler=None,
                     compression=compression.state_dict() if compression is not None else None,
+                    distillation=distillation.record() if distillation is not None else None,
                     epoch=epoch, best_top1=state.best_top1, best_epoch=state.best_epoch,
                     rng=get_rng_state(), history=state.history), is_best)
                 write_metrics_csv(run_dir, state.history)

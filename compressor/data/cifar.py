@@ -21,7 +21,8 @@ from compressor.data.files import reading
 from compressor.data.splits import LoadRequest, RawSplits, TensorImageDataset
 from compressor.errors import DataError
 
-__all__ = ["RestrictedUnpickler", "safe_load_batch", "find_cifar_dir", "load_cifar_dataset"]
+__all__ = ["RestrictedUnpickler", "safe_load_batch", "find_cifar_dir", "meta_class_names",
+           "load_cifar_dataset"]
 
 # (module, name) -> (module to import, attribute): numpy 1 and numpy 2 spellings of the same.
 _ALLOWED_GLOBALS: MappingProxyType[tuple[str, str], tuple[str, str]] = MappingProxyType({
@@ -114,14 +115,30 @@ def _load_split(directory: Path, names: tuple[str, ...], label_key: str,
                               torch.from_numpy(label_array))
 
 
+def meta_class_names(path: Path, key: str, num_classes: int) -> tuple[str, ...]:
+    """The class names of a CIFAR meta file (batches.meta, meta); () when absent or unusable."""
+    if not path.is_file():
+        return ()
+    names = safe_load_batch(path).get(key)
+    if not isinstance(names, list | tuple) or len(names) != num_classes:
+        return ()
+    decoded = [name.decode("latin1") if isinstance(name, bytes) else name for name in names]
+    return tuple(decoded) if all(isinstance(name, str) for name in decoded) else ()
+
+
 def load_cifar_dataset(request: LoadRequest, *, subdir: str, train_files: tuple[str, ...],
-                       test_files: tuple[str, ...], label_key: str, archive: str) -> RawSplits:
-    """Raw (3x32x32 uint8 tensor, label) splits of CIFAR-10/100 (the test split only on request)."""
+                       test_files: tuple[str, ...], label_key: str, archive: str,
+                       meta: tuple[str, str] | None = None) -> RawSplits:
+    """Raw (3x32x32 uint8 tensor, label) splits of CIFAR-10/100 (the test split only on request).
+
+    meta: (file, key) of the class names, read when the file is there (else the table's names).
+    """
     spec = request.dataset
     assert request.root is not None and spec.num_classes is not None  # needs_dir, fixed classes
     files = (*train_files, *test_files) if request.train else test_files
     directory = find_cifar_dir(request.root, subdir, files, archive, spec.name)
     train = (_load_split(directory, train_files, label_key, spec.num_classes)
              if request.train else None)
+    names = meta_class_names(directory / meta[0], meta[1], spec.num_classes) if meta else ()
     return RawSplits(train, _load_split(directory, test_files, label_key, spec.num_classes),
-                     spec.num_classes)
+                     spec.num_classes, names)

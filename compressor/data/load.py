@@ -50,6 +50,8 @@ def _load_raw(dataset: str, root: str | Path | None, input_spec: InputSpec, *, t
     request = LoadRequest(spec, _data_root(spec, root), input_spec, seed, num_classes, train,
                           pretrained, tuple(class_names) if class_names else None)
     raw = spec.loader(request)
+    if not raw.class_names and len(spec.class_names) == raw.num_classes:
+        raw.class_names = spec.class_names  # the table's names when the files carry none
     if num_classes is not None and raw.num_classes > num_classes:
         raise DataError(f"dataset '{dataset}' has {raw.num_classes} classes but the model has "
                         f"{num_classes} outputs; build the model with at least "
@@ -80,7 +82,8 @@ def load_datasets(dataset: str, root: str | Path | None, input_spec: InputSpec, 
 
     Returns:
         DatasetSplits: num_classes is the size of the dataset's label space, class_names the
-        ImageFolder classes in label order (empty for the other datasets).
+        classes in label order: ImageFolder's folders, the names in the files (CIFAR's meta)
+        or the dataset table's; empty when unknown (synthetic).
     """
     check_fractions(validation_split, effective_train_size, effective_valid_size,
                     effective_test_size)

@@ -34,7 +34,7 @@ class DatasetSplits:
     val: Dataset | None  # carved from train by --vs, eval transforms; None when --vs is 0
     test: Dataset  # eval transforms
     num_classes: int  # size of the label space: every label is below it
-    class_names: tuple[str, ...] = ()  # label i is class_names[i] (ImageFolder); () otherwise
+    class_names: tuple[str, ...] = ()  # label i is class_names[i]; () when unknown (synthetic)
 
 
 @dataclass
