@@ -4,10 +4,17 @@ Recomputation ("--memory-efficient recompute") of torchvision models keeps torch
 classes: compressor.memory swaps their block containers for name-keeping recomputing ones.
 Inception v3 has no such container (its forward calls Mixed_5b ... Mixed_7c one by one), so
 it is built as `CheckpointableInception3`, torchvision's class that opts in the timm way.
+
+The ResNet family (resnet*, resnext*, wide_resnet*) is torchvision's ResNet built with
+Distiller's blocks (distiller/models/imagenet/resnet.py): each block's shared `relu` becomes
+`relu1`, `relu2` (`relu3`) and its `+=` an `add` module, so activation statistics and
+quantizer overrides name them as Distiller's did (`layer1.0.add`). Parameter names are
+torchvision's, so torchvision's weights load unchanged.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -15,12 +22,85 @@ import torch
 import torchvision
 from torch import Tensor, nn
 from torchvision.models import get_model, get_model_weights, list_models
+from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
 from compressor.memory.checkpointing import checkpoint_seq
+from compressor.models.eltwise import EltwiseAdd
 from compressor.models.input_spec import DATASET_INPUT_SPECS, InputSpec
 from compressor.models.registry import register_model
 
-__all__ = ["register_torchvision_models", "weights_input_spec", "CheckpointableInception3"]
+__all__ = ["register_torchvision_models", "weights_input_spec", "CheckpointableInception3",
+           "DistillerBasicBlock", "DistillerBottleneck", "DISTILLER_RESNETS"]
+
+
+def _order_children(module: nn.Module, names: Sequence[str]) -> None:
+    """Re-register `module`'s children in this order: the order forward runs them in."""
+    children = [(name, getattr(module, name)) for name in names]
+    for name, child in children:
+        if child is not None:
+            delattr(module, name)
+    for name, child in children:
+        if child is not None:
+            setattr(module, name, child)
+
+
+class DistillerBasicBlock(BasicBlock):
+    """torchvision's BasicBlock with Distiller's relu1, relu2 and `add(out, identity)` modules."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        del self.relu  # used twice by torchvision: one module per use, as Distiller did
+        self.relu1 = nn.ReLU(inplace=True)
+        self.relu2 = nn.ReLU(inplace=True)
+        self.add = EltwiseAdd(inplace=True)
+        _order_children(self, ("conv1", "bn1", "relu1", "conv2", "bn2", "downsample", "add",
+                               "relu2"))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """conv-bn-relu1-conv-bn, add the (downsampled) input, relu2."""
+        out = self.bn2(self.conv2(self.relu1(self.bn1(self.conv1(x)))))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu2(self.add(out, identity))
+
+
+class DistillerBottleneck(Bottleneck):
+    """torchvision's Bottleneck with Distiller's relu1..3 and `add(out, identity)` modules."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        del self.relu
+        self.relu1 = nn.ReLU(inplace=True)
+        self.relu2 = nn.ReLU(inplace=True)
+        self.relu3 = nn.ReLU(inplace=True)
+        self.add = EltwiseAdd(inplace=True)
+        _order_children(self, ("conv1", "bn1", "relu1", "conv2", "bn2", "relu2", "conv3", "bn3",
+                               "downsample", "add", "relu3"))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """1x1, 3x3 (grouped), 1x1 convolutions with bn, add the (downsampled) input, relu3."""
+        out = self.relu1(self.bn1(self.conv1(x)))
+        out = self.relu2(self.bn2(self.conv2(out)))
+        out = self.bn3(self.conv3(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu3(self.add(out, identity))
+
+
+# torchvision's ResNet builders, as (block, blocks per stage, ResNet keyword arguments).
+ResNetConfig = tuple[type[BasicBlock | Bottleneck], tuple[int, ...], dict[str, int]]
+DISTILLER_RESNETS: MappingProxyType[str, ResNetConfig] = MappingProxyType({
+    "resnet18": (DistillerBasicBlock, (2, 2, 2, 2), {}),
+    "resnet34": (DistillerBasicBlock, (3, 4, 6, 3), {}),
+    "resnet50": (DistillerBottleneck, (3, 4, 6, 3), {}),
+    "resnet101": (DistillerBottleneck, (3, 4, 23, 3), {}),
+    "resnet152": (DistillerBottleneck, (3, 8, 36, 3), {}),
+    "resnext50_32x4d": (DistillerBottleneck, (3, 4, 6, 3), {"groups": 32, "width_per_group": 4}),
+    "resnext101_32x8d": (DistillerBottleneck, (3, 4, 23, 3),
+                         {"groups": 32, "width_per_group": 8}),
+    "resnext101_64x4d": (DistillerBottleneck, (3, 4, 23, 3),
+                         {"groups": 64, "width_per_group": 4}),
+    "wide_resnet50_2": (DistillerBottleneck, (3, 4, 6, 3), {"width_per_group": 128}),
+    "wide_resnet101_2": (DistillerBottleneck, (3, 4, 23, 3), {"width_per_group": 128}),
+})
 
 
 class CheckpointableInception3(torchvision.models.Inception3):
@@ -53,9 +133,9 @@ OPT_IN_CLASSES: MappingProxyType[str, type[nn.Module]] = MappingProxyType({
 
 # Blocks that activation checkpointing recomputes, by model-name prefix.
 CHECKPOINT_BLOCKS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("resnet", ("BasicBlock", "Bottleneck")),
-    ("resnext", ("Bottleneck",)),
-    ("wide_resnet", ("Bottleneck",)),
+    ("resnet", ("DistillerBasicBlock", "DistillerBottleneck")),
+    ("resnext", ("DistillerBottleneck",)),
+    ("wide_resnet", ("DistillerBottleneck",)),
     ("mobilenet_v2", ("InvertedResidual",)),
     ("inception_v3", ("InceptionA", "InceptionB", "InceptionC", "InceptionD", "InceptionE")),
     ("densenet", ("_DenseLayer",)),
@@ -105,6 +185,9 @@ def _register(name: str) -> None:
             attrs.setdefault("init_weights", True)
         if name in OPT_IN_CLASSES:  # what get_model(name, weights=None) builds, opted in
             return OPT_IN_CLASSES[name](num_classes=num_classes, **attrs)
+        if name in DISTILLER_RESNETS:  # what get_model(name, weights=None) builds, renamed
+            block, layers, config = DISTILLER_RESNETS[name]
+            return ResNet(block, list(layers), num_classes=num_classes, **config, **attrs)
         return get_model(name, weights=None, num_classes=num_classes, **attrs)
 
 

@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from compressor.memory.checkpointing import checkpoint_seq
 from compressor.models.cifar.resnet import CIFAR_DATASETS, conv3x3
+from compressor.models.eltwise import EltwiseAdd
 from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
 
@@ -29,7 +30,11 @@ def channel_pad_downsample(inplanes: int) -> nn.Sequential:
 
 
 class PreactBasicBlock(nn.Module):
-    """bn-relu-conv twice (He et al. 2016, identity mappings); the shortcut adds the input."""
+    """bn-relu-conv twice (He et al. 2016, identity mappings); the shortcut adds the input.
+
+    Distiller's module names, plus `add` (out, residual) for the shortcut's sum, which
+    Distiller computed with a bare `+=` that statistics and quantizers could not name.
+    """
 
     expansion = 1
 
@@ -44,6 +49,7 @@ class PreactBasicBlock(nn.Module):
         self.conv2 = conv3x3(planes, planes)
         self.downsample = downsample
         self.preact_downsample = preact_downsample
+        self.add = EltwiseAdd()
 
     def forward(self, x: Tensor) -> Tensor:
         preact = self.pre_relu(self.pre_bn(x))
@@ -52,7 +58,7 @@ class PreactBasicBlock(nn.Module):
             residual = x
         else:
             residual = self.downsample(preact if self.preact_downsample else x)
-        return out + residual
+        return self.add(out, residual)
 
 
 class PreactResNetCifar(nn.Module):

@@ -6,6 +6,7 @@ from torch import Tensor, nn
 
 from compressor.memory.checkpointing import checkpoint_seq
 from compressor.memory.inplace_abn import InPlaceABN
+from compressor.models.eltwise import EltwiseAdd
 from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
 
@@ -20,7 +21,11 @@ def conv3x3(in_planes: int, out_planes: int, stride: int = 1) -> nn.Conv2d:
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 convolutions with batch norm; `residual=False` drops the shortcut (plain nets)."""
+    """Two 3x3 convolutions with batch norm; `residual=False` drops the shortcut (plain nets).
+
+    Module names are Distiller's resnet_cifar's: relu1, relu2 and the shortcut's
+    `residual_eltwiseadd(residual, out)`, so Distiller's statistics files and overrides apply.
+    """
 
     expansion = 1
 
@@ -35,6 +40,8 @@ class BasicBlock(nn.Module):
         self.relu2 = nn.ReLU(inplace=False)
         self.downsample = downsample
         self.residual = residual
+        if residual:  # after relu2: in-place ABN pairs each bn with the next sibling
+            self.residual_eltwiseadd = EltwiseAdd()
 
     def forward(self, x: Tensor) -> Tensor:
         out = self.conv2(self.relu1(self.bn1(self.conv1(x))))
@@ -45,7 +52,7 @@ class BasicBlock(nn.Module):
             return self.relu2(self.bn2(out, identity))
         out = self.bn2(out)
         if identity is not None:
-            out = out + identity
+            out = self.residual_eltwiseadd(identity, out)
         return self.relu2(out)
 
 
