@@ -37,7 +37,7 @@ from compressor.loaders import eval_loader, seed_everything
 from compressor.models.description import description_of
 from compressor.run_dir import choose_run_dir, logging_to, write_args_yaml, write_results_json
 from compressor.run_setup import RunSetup, build_resolved_model, resolve_run
-from compressor.training import check_resume_epochs, run_training
+from compressor.training import check_resume_epochs, run_training, start_distillation
 
 __all__ = ["main", "run"]
 
@@ -203,12 +203,14 @@ def run(args: argparse.Namespace) -> int:
         return _dry_run(args, model)
     training = _is_training(args)
     config = _train_config(args)
-    if training:
+    distillation = None
+    if training:  # everything that can refuse the run does so before any file is written
         check_resume_epochs(config, setup)
         if config.reports.tensorboard:
             from compressor.reports import require_tensorboard
 
-            require_tensorboard()  # before any file is written
+            require_tensorboard()
+        distillation = start_distillation(config, setup, model, ctx)
     if args.export_onnx is not None:
         return _export(args, setup, ctx, model, started)
     data = _load_data(setup, _data_config(args, training), training)
@@ -224,7 +226,8 @@ def run(args: argparse.Namespace) -> int:
             write_args_yaml(run_dir, record)
         writer_dir = run_dir if ctx.is_main else None
         if training:
-            results = run_training(setup, ctx, model, data, writer_dir, config, record)
+            results = run_training(setup, ctx, model, data, writer_dir, config, record,
+                                   distillation)
         else:
             results = _post_training(args, setup, ctx, model, data, writer_dir, config, record)
         if config.reports.confusion:

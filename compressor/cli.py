@@ -270,13 +270,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _non_training_mode(args: argparse.Namespace) -> str | None:
+    """The flag that makes this command something other than training, if any."""
+    modes = (("-e", args.evaluate), ("--thinnify", args.thinnify), ("--sense", args.sense),
+             ("--export-onnx", args.export_onnx is not None), ("--summary", args.summary),
+             ("--dry-run", args.dry_run))
+    return next((flag for flag, on in modes if on), None)
+
+
 def _check_epoch_reports(args: argparse.Namespace) -> None:
     """Per-epoch reports need epochs: refuse them where nothing trains, rather than ignore them."""
-    mode = next((flag for flag, on in (("-e", args.evaluate), ("--thinnify", args.thinnify),
-                                       ("--sense", args.sense),
-                                       ("--export-onnx", args.export_onnx is not None),
-                                       ("--summary", args.summary), ("--dry-run", args.dry_run))
-                 if on), None)
+    mode = _non_training_mode(args)
     if mode is None:
         return
     for flag, on in (("--tensorboard", args.tensorboard),
@@ -301,3 +305,11 @@ def _check_distillation(args: argparse.Namespace) -> None:
     if args.kd_resume is not None and args.kd_pretrained:
         raise UsageError("give either --kd-pretrained or --kd-resume CKPT for the teacher, "
                          "not both")
+    mode = _non_training_mode(args)
+    if mode is not None:  # refused rather than ignored: the teacher would silently do nothing
+        raise UsageError(f"a distillation teacher teaches training epochs, and {mode} trains "
+                         f"none; drop the --kd-* flags (or {mode})")
+    if args.kd_start_epoch >= args.epochs:
+        raise UsageError(f"--kd-start-epoch {args.kd_start_epoch} is not below --epochs "
+                         f"{args.epochs} (the total), so no epoch would be distilled; lower it, "
+                         "or pass the --kd-* flags when resuming to train further")

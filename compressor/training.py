@@ -32,7 +32,7 @@ from compressor.reports import open_epoch_reports
 from compressor.run_dir import write_metrics_csv
 from compressor.run_setup import RunSetup
 
-__all__ = ["TrainState", "check_resume_epochs", "run_training"]
+__all__ = ["TrainState", "check_resume_epochs", "start_distillation", "run_training"]
 
 LOG = logging.getLogger("compressor")
 
@@ -133,8 +133,8 @@ def _begin_epoch(compression: Any, epoch: int, model: nn.Module, net: nn.Module,
     return net
 
 
-def _start_distillation(config: TrainConfig, setup: RunSetup, student: nn.Module,
-                        task_loss: Any, ctx: DistContext) -> Any:
+def start_distillation(config: TrainConfig, setup: RunSetup, student: nn.Module,
+                       ctx: DistContext) -> Any:
     """The teacher and the distillation loss (None without --kd-*); resume checks its record.
 
     A resume must distil its completed epochs as they were distilled: with --kd-* flags the
@@ -151,6 +151,7 @@ def _start_distillation(config: TrainConfig, setup: RunSetup, student: nn.Module
         return None
     from compressor.distillation import Distillation
 
+    task_loss = get_loss(setup.model.arch_spec.loss)
     distillation = Distillation.start(config.distillation, student, task_loss, ctx.device)
     if resuming:
         distillation.check_resume(recorded, next_epoch=_int_key(setup, "epoch") + 1)
@@ -158,14 +159,19 @@ def _start_distillation(config: TrainConfig, setup: RunSetup, student: nn.Module
 
 
 def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: DatasetSplits,
-                 run_dir: Path | None, config: TrainConfig,
-                 args_record: Mapping[str, Any]) -> dict[str, Any]:
-    """Train from the start or the checkpoint's epoch to config.epochs; returns final metrics."""
+                 run_dir: Path | None, config: TrainConfig, args_record: Mapping[str, Any],
+                 distillation: Any = None) -> dict[str, Any]:
+    """Train from the start or the checkpoint's epoch to config.epochs; returns final metrics.
+
+    `distillation` is what start_distillation returned (built before the run directory, so
+    its refusals leave no file behind).
+    """
     optimizer = make_optimizer(model.parameters(), config.optimizer)
     compression = _load_compression(config, model, optimizer, setup.seed)
     state = _restore(config, setup, optimizer, compression)
     loss_fn = get_loss(setup.model.arch_spec.loss)
-    distillation = _start_distillation(config, setup, model, loss_fn, ctx)
+    if distillation is not None:
+        LOG.info("%s", distillation.describe())
     net = _wrap(model, ctx)
     loader_cfg: LoaderConfig = config.loader
     monitor_set = data.val if data.val is not None else data.test
