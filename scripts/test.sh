@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
 .venv/bin/ruff check compressor tests benchmarks compress_classifier.py setup.py
 # two workers (pytest-xdist): most tests are CLI subprocesses that wait on imports
-.venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" "$@"
+.venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist worksteal "$@"

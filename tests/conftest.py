@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -37,6 +39,20 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     command = [sys.executable, str(ROOT / "compress_classifier.py"), *args]
     return subprocess.run(command, cwd=cwd or ROOT, env=cli_env(env), capture_output=True,
                           text=True, timeout=timeout)
+
+
+def run_main(*args: str) -> subprocess.CompletedProcess[str]:
+    """`compressor.app.main(ARGS)` in this process, for refusals that happen before any work
+    (a CLI subprocess spends seconds importing torch); returns what run_cli returns."""
+    from compressor.app import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's own errors
+            code = int(exc.code or 0)
+    return subprocess.CompletedProcess(list(args), code, stdout.getvalue(), stderr.getvalue())
 
 
 def run_torchrun(nproc: int, *args: str, env: dict[str, str] | None = None,

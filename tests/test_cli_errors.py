@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import assert_user_error, run_cli, run_main
 
 DIGITS = ("-a", "simplenet_digits", "-b", "64", "-j", "0", "--etrs", "0.1", "--etes", "0.2",
           "-p", "0", "--deterministic")
@@ -56,15 +56,16 @@ def test_truncated_and_corrupted_checkpoints(trained: Path, tmp_path: Path) -> N
     corrupted.write_bytes(blob[:100] + bytes(reversed(blob[100:400])) + blob[400:])
     garbage = tmp_path / "garbage.pth.tar"
     garbage.write_bytes(b"not a checkpoint at all")
-    for path in (truncated, corrupted, garbage):
-        result = run_cli("--resume-from", str(path), "-e", "-o", str(tmp_path / "out"))
+    # one through a real subprocess; the others in-process (refused before any work is done)
+    for path, runner in ((truncated, run_cli), (corrupted, run_main), (garbage, run_main)):
+        result = runner("--resume-from", str(path), "-e", "-o", str(tmp_path / "out"))
         assert_user_error(result, str(path))
     assert not (tmp_path / "out").exists()
 
 
 def test_checkpoint_of_another_arch(trained: Path, tmp_path: Path) -> None:
-    result = run_cli("-a", "resnet20_cifar", "--resume-from", str(trained / "checkpoint.pth.tar"),
-                     "-e", "-o", str(tmp_path))
+    result = run_main("-a", "resnet20_cifar", "--resume-from",
+                      str(trained / "checkpoint.pth.tar"), "-e", "-o", str(tmp_path))
     assert_user_error(result, "simplenet_digits", "resnet20_cifar")
 
 

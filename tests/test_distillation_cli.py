@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from subprocess import CompletedProcess
 
 import pytest
 import torch
@@ -12,7 +14,7 @@ import yaml
 from compressor.checkpoint import assemble_checkpoint, load_checkpoint, save_checkpoint
 from compressor.models import create_model
 from compressor.models.description import description_of
-from tests.conftest import assert_user_error, run_cli
+from tests.conftest import assert_user_error, run_cli, run_main
 from tests.test_cli_train_resume import _assert_tensors_equal, _metrics
 
 COMMON = ("-b", "64", "-j", "0", "--lr", "0.05", "--deterministic", "--etrs", "0.3", "-p", "0")
@@ -94,17 +96,20 @@ def test_resume_without_the_kd_flags_is_refused(runs: dict[str, Path]) -> None:
                       "--reset-optimizer")
 
 
-@pytest.mark.parametrize("flags,fragments", [
+@pytest.mark.parametrize("flags,fragments,runner", [
+    # refused while parsing the command line: no need for a subprocess's torch import
     (("--kd-teacher", "simplenet_digits", "--kd-pretrained", "--kd-tw", "0.5"),
-     ("--kd-teacher-wt is not supported",)),
-    (("--kd-teacher", "simplenet_digits"), ("needs weights", "--kd-pretrained")),
-    (("--kd-resume", "{five}"), ("predicts 5 classes", "student simplenet_digits predicts 10")),
+     ("--kd-teacher-wt is not supported",), run_main),
+    (("--kd-teacher", "simplenet_digits"), ("needs weights", "--kd-pretrained"), run_main),
+    (("--kd-resume", "{five}"), ("predicts 5 classes", "student simplenet_digits predicts 10"),
+     run_cli),
 ])
 def test_refusals_are_one_line_errors(tmp_path: Path, flags: tuple[str, ...],
-                                      fragments: tuple[str, ...]) -> None:
+                                      fragments: tuple[str, ...],
+                                      runner: Callable[..., CompletedProcess[str]]) -> None:
     five = _teacher(tmp_path / "five.pth.tar", seed=3, num_classes=5)
     flags = tuple(flag.replace("{five}", str(five)) for flag in flags)
-    result = run_cli("-a", "simplenet_digits", "--epochs", "1", *COMMON, *flags,
-                     "-o", str(tmp_path), "-n", "refused")
+    result = runner("-a", "simplenet_digits", "--epochs", "1", *COMMON, *flags,
+                    "-o", str(tmp_path), "-n", "refused")
     assert_user_error(result, *fragments)
     assert not (tmp_path / "refused" / "checkpoint.pth.tar").exists()

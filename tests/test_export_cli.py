@@ -9,7 +9,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,7 +21,7 @@ from compressor.checkpoint import assemble_checkpoint, save_checkpoint
 from compressor.models import create_model, description_of
 from compressor.run_setup import load_model
 from compressor.transforms import thin
-from tests.conftest import ROOT, assert_user_error, run_cli
+from tests.conftest import ROOT, assert_user_error, run_cli, run_main
 
 onnx = pytest.importorskip("onnx", reason="install the onnx extra: pip install -e '.[onnx]'")
 ort = pytest.importorskip("onnxruntime", reason="install the onnx extra: pip install -e '.[onnx]'")
@@ -65,8 +67,9 @@ def _run_ort(path: Path, x: Tensor) -> Tensor:
     return torch.from_numpy(session.run(None, {"input": x.numpy()})[0])
 
 
-def _export(tmp_path: Path, *args: str) -> tuple[Path, dict]:
-    result = run_cli(*args, "-o", str(tmp_path), "-n", "run")
+def _export(tmp_path: Path, *args: str, runner: Callable[..., Any] = run_cli
+            ) -> tuple[Path, dict]:
+    result = runner(*args, "-o", str(tmp_path), "-n", "run")
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "run"
     record = json.loads((run_dir / "export.json").read_text())
@@ -115,8 +118,10 @@ def test_resnet_export_round_trips_with_what_a_deployer_needs(checkpoints, tmp_p
 def test_memory_efficient_variants_export_as_the_plain_network(checkpoints, tmp_path: Path,
                                                                variant: str):
     onnx_file = tmp_path / "deploy" / f"{variant}.onnx"
+    # in-process: the CLI's own subprocess path is covered by the round-trip test
     _, record = _export(tmp_path, "--resume-from", str(checkpoints["dense"]),
-                        "--memory-efficient", variant, "--export-onnx", str(onnx_file))
+                        "--memory-efficient", variant, "--export-onnx", str(onnx_file),
+                        runner=run_main)
     assert record["transforms"] == ["memory_efficient"] and onnx_file.is_file()
     _assert_round_trip(onnx_file, load_model(checkpoints["dense"], memory_efficient=variant))
     ops = _op_types(onnx_file)
@@ -126,7 +131,7 @@ def test_memory_efficient_variants_export_as_the_plain_network(checkpoints, tmp_
 
 def test_a_thinned_model_exports_at_its_thinned_shapes(checkpoints, tmp_path: Path):
     run_dir, record = _export(tmp_path, "--resume-from", str(checkpoints["thin"]),
-                              "--export-onnx", "thin.onnx")
+                              "--export-onnx", "thin.onnx", runner=run_main)
     assert record["transforms"] == ["thinning"]
     _assert_round_trip(run_dir / "thin.onnx", load_model(checkpoints["thin"]))
     weights = {init.name: list(init.dims)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, assert_user_error, run_cli
+from tests.conftest import ROOT, assert_user_error, run_cli, run_main
 
 TINY = ("-a", "simplenet_digits", "-b", "64", "-j", "0", "--etrs", "0.2", "--cpu", "-p", "0",
         "--deterministic")
@@ -136,6 +136,6 @@ def test_missing_tensorboard_is_one_line_before_training(tmp_path: Path) -> None
 
 def test_epoch_reports_without_training_are_refused(tmp_path: Path) -> None:
     for flag in ("--tensorboard", "--masks-sparsity"):
-        result = run_cli("-a", "simplenet_digits", "-e", flag, "-o", str(tmp_path))
+        result = run_main("-a", "simplenet_digits", "-e", flag, "-o", str(tmp_path))
         assert_user_error(result, flag, "-e")
     assert not any(tmp_path.iterdir())
