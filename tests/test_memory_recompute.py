@@ -25,8 +25,8 @@ RECOMPUTE_ARCHS = [a for a in list_archs() if get_arch_spec(a).checkpoint_blocks
 # keep the suite fast: their blocks are classes that the others show to be exact (checked
 # below), and resnet152 is checked to recompute every one of its blocks.
 HEAVY = {"resnet152", "resnext101_32x8d", "resnext101_64x4d", "wide_resnet50_2",
-         "wide_resnet101_2", "densenet161", "densenet_bc_250_cifar", "preact_resnet101",
-         "preact_resnet152"}
+         "wide_resnet101_2", "densenet161", "densenet169", "densenet201", "resnet101",
+         "densenet_bc_250_cifar", "preact_resnet101", "preact_resnet152"}
 EXACT = [a for a in RECOMPUTE_ARCHS if a not in HEAVY]
 REQUIRED = {"resnet56_cifar", "vgg16_bn_cifar", "resnet50", "mobilenet_v2", "inception_v3",
             "densenet_bc_100_cifar", "densenet121"}
