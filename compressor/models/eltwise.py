@@ -14,48 +14,43 @@ from torch import Tensor, nn
 __all__ = ["EltwiseAdd", "EltwiseMult", "Concat"]
 
 
-class EltwiseAdd(nn.Module):
+class _Eltwise(nn.Module):
+    """Folds its inputs left to right with one binary operation; in place into the first."""
+
+    def __init__(self, inplace: bool = False) -> None:
+        super().__init__()
+        self.inplace = inplace
+
+    def extra_repr(self) -> str:
+        """Shows `inplace=True` when set."""
+        return "inplace=True" if self.inplace else ""
+
+    def combine(self, result: Tensor, other: Tensor) -> Tensor:
+        """One step of the fold."""
+        raise NotImplementedError
+
+    def forward(self, *inputs: Tensor) -> Tensor:
+        """The fold of the inputs, left to right."""
+        result = inputs[0]
+        for other in inputs[1:]:
+            result = self.combine(result, other)
+        return result
+
+
+class EltwiseAdd(_Eltwise):
     """The sum of its inputs; `inplace=True` accumulates into the first input (as `+=`)."""
 
-    def __init__(self, inplace: bool = False) -> None:
-        super().__init__()
-        self.inplace = inplace
-
-    def extra_repr(self) -> str:
-        """Shows `inplace=True` when set."""
-        return "inplace=True" if self.inplace else ""
-
-    def forward(self, *inputs: Tensor) -> Tensor:
-        """inputs[0] + inputs[1] + ..., left to right."""
-        result = inputs[0]
-        for other in inputs[1:]:
-            if self.inplace:
-                result += other
-            else:
-                result = result + other
-        return result
+    def combine(self, result: Tensor, other: Tensor) -> Tensor:
+        """result + other."""
+        return result.add_(other) if self.inplace else result + other
 
 
-class EltwiseMult(nn.Module):
+class EltwiseMult(_Eltwise):
     """The element-wise product of its inputs; `inplace=True` multiplies into the first."""
 
-    def __init__(self, inplace: bool = False) -> None:
-        super().__init__()
-        self.inplace = inplace
-
-    def extra_repr(self) -> str:
-        """Shows `inplace=True` when set."""
-        return "inplace=True" if self.inplace else ""
-
-    def forward(self, *inputs: Tensor) -> Tensor:
-        """inputs[0] * inputs[1] * ..., left to right."""
-        result = inputs[0]
-        for other in inputs[1:]:
-            if self.inplace:
-                result *= other
-            else:
-                result = result * other
-        return result
+    def combine(self, result: Tensor, other: Tensor) -> Tensor:
+        """result * other."""
+        return result.mul_(other) if self.inplace else result * other
 
 
 class Concat(nn.Module):

@@ -7,6 +7,7 @@ from torch import Tensor, nn
 from compressor.memory.checkpointing import checkpoint_seq
 from compressor.memory.inplace_abn import InPlaceABN
 from compressor.models.eltwise import EltwiseAdd
+from compressor.models.init import kaiming_conv_bn_init_
 from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
 
@@ -74,12 +75,7 @@ class ResNetCifar(nn.Module):
         self.avgpool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(64 * BasicBlock.expansion, num_classes)
         self.grad_checkpointing = False
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.BatchNorm2d):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        kaiming_conv_bn_init_(self)
 
     def _make_layer(self, planes: int, blocks: int, stride: int, residual: bool) -> nn.Sequential:
         downsample = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from compressor.models.eltwise import EltwiseAdd
+from compressor.models.init import kaiming_conv_bn_init_
 from compressor.models.input_spec import IMAGENET_MEAN, IMAGENET_STD, InputSpec
 from compressor.models.registry import register_model
 
@@ -76,12 +77,7 @@ class CadeneResNeXt(nn.Module):
         self.features = nn.Sequential(*stem, *stages)
         self.avg_pool = nn.AdaptiveAvgPool2d(1)  # Cadene's AvgPool2d(7) at 224 px; any size
         self.last_linear = nn.Linear(inplanes, num_classes)
-        for module in self.modules():
-            if isinstance(module, nn.Conv2d):
-                nn.init.kaiming_normal_(module.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(module, nn.BatchNorm2d):
-                nn.init.ones_(module.weight)
-                nn.init.zeros_(module.bias)
+        kaiming_conv_bn_init_(self)
 
     def forward(self, x: Tensor) -> Tensor:
         """Features, global average pooling, classifier."""
