@@ -23,6 +23,18 @@ requires_corpus = pytest.mark.skipif(
            "directory that holds it (CI sets it)")
 
 
+def trained_like_batchnorms(model: torch.nn.Module) -> torch.nn.Module:
+    """Give every batch norm statistics and shifts as after training (fresh ones are near the
+    identity, which would hide mistakes); returns the model in eval mode."""
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                module.running_mean.uniform_(-0.5, 0.5)
+                module.running_var.uniform_(0.5, 2.0)
+                module.bias.uniform_(-0.3, 0.3)
+    return model.eval()
+
+
 def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for CLI subprocesses: the project on the path, few threads, no terminal."""
     env = dict(os.environ)

@@ -21,23 +21,18 @@ from compressor.checkpoint import assemble_checkpoint, save_checkpoint
 from compressor.models import create_model, description_of
 from compressor.run_setup import load_model
 from compressor.transforms import thin
-from tests.conftest import ROOT, assert_user_error, run_cli, run_main
+from tests.conftest import (
+    ROOT,
+    assert_user_error,
+    run_cli,
+    run_main,
+    trained_like_batchnorms,
+)
 
 onnx = pytest.importorskip("onnx", reason="install the onnx extra: pip install -e '.[onnx]'")
 ort = pytest.importorskip("onnxruntime", reason="install the onnx extra: pip install -e '.[onnx]'")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def _trained_like(model: nn.Module) -> nn.Module:
-    """Batch-norm statistics and shifts as after training (fresh ones are near the identity)."""
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                module.running_mean.uniform_(-0.5, 0.5)
-                module.running_var.uniform_(0.5, 2.0)
-                module.bias.uniform_(-0.3, 0.3)
-    return model.eval()
 
 
 def _save(model: nn.Module, path: Path) -> Path:
@@ -50,7 +45,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """resnet20_cifar as after training, and the same with half of some filters thinned away."""
     root = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
-    model = _trained_like(create_model("resnet20_cifar", "cifar10"))
+    model = trained_like_batchnorms(create_model("resnet20_cifar", "cifar10"))
     dense = _save(model, root / "dense.pth.tar")
     with torch.no_grad():  # zero filters and their batch norm, as a filter pruner does
         for block in (*model.layer1, *model.layer2, *model.layer3):

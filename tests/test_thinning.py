@@ -11,19 +11,13 @@ from torch import nn
 from compressor.errors import CheckpointError
 from compressor.models import create_model, description_of
 from compressor.thinning import apply_thinning_recipe, compose_recipes, thin_model
+from tests.conftest import trained_like_batchnorms
 
 
 def _trained_like(arch: str, dataset: str) -> nn.Module:
     """A model whose batch norms carry non-trivial statistics and shifts, as after training."""
     torch.manual_seed(0)
-    model = create_model(arch, dataset)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.BatchNorm2d):
-                module.running_mean.uniform_(-0.5, 0.5)
-                module.running_var.uniform_(0.5, 2.0)
-                module.bias.uniform_(-0.3, 0.3)
-    return model.eval()
+    return trained_like_batchnorms(create_model(arch, dataset))
 
 
 def _params(model: nn.Module) -> int:

@@ -12,6 +12,7 @@ from compressor.errors import UsageError
 from compressor.memory import InPlaceABN, apply_memory_variant
 from compressor.models import create_model, get_arch_spec
 from compressor.thinning import apply_thinning_recipe, thin_model
+from tests.conftest import trained_like_batchnorms
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -21,13 +22,7 @@ def _inplace_abn_resnet20() -> nn.Module:
     torch.manual_seed(0)
     model = apply_memory_variant(create_model("resnet20_cifar", "cifar10"),
                                  get_arch_spec("resnet20_cifar"), "inplace-abn")
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, nn.modules.batchnorm._BatchNorm):
-                module.running_mean.uniform_(-0.5, 0.5)
-                module.running_var.uniform_(0.5, 2.0)
-                module.bias.uniform_(-0.3, 0.3)
-    return model.eval()
+    return trained_like_batchnorms(model)
 
 
 def _prune_filters(conv: nn.Conv2d, bn: nn.Module, filters: slice) -> None:
