@@ -18,13 +18,14 @@ import torch
 from tabulate import tabulate
 from torch import nn
 
-from compressor.cli import parse_args
+from compressor.cli import parse_args, quantization_requested
 from compressor.config import (
     DataConfig,
     DistillationConfig,
     LoaderConfig,
     ModelRequest,
     OptimizerConfig,
+    QuantizeConfig,
     ReportConfig,
     TrainConfig,
     make_optimizer,
@@ -32,7 +33,7 @@ from compressor.config import (
 from compressor.data import DatasetSplits, EvaluationData, load_datasets, load_test_dataset
 from compressor.distributed import DistContext, all_reduce_sum, barrier, init_distributed, shutdown
 from compressor.engine import evaluate
-from compressor.errors import CompressorError
+from compressor.errors import CompressorError, UsageError
 from compressor.loaders import eval_loader, seed_everything
 from compressor.models.description import description_of
 from compressor.run_dir import choose_run_dir, logging_to, write_args_yaml, write_results_json
@@ -114,6 +115,32 @@ def _train_config(args: argparse.Namespace) -> TrainConfig:
                        distillation=_distillation_config(args), reports=reports)
 
 
+def _quantize_config(args: argparse.Namespace) -> QuantizeConfig:
+    return QuantizeConfig(
+        quantize=args.quantize_eval, convert=args.qe_convert_pytorch,
+        backend=args.qe_pytorch_backend, mode_acts=args.qe_mode_acts or args.qe_mode,
+        mode_wts=args.qe_mode_wts or args.qe_mode, bits_acts=args.qe_bits_acts,
+        bits_wts=args.qe_bits_wts, bits_accum=args.qe_bits_accum, clip_acts=args.qe_clip_acts,
+        clip_n_stds=args.qe_clip_n_stds, per_channel=args.qe_per_channel,
+        no_clip_layers=tuple(args.qe_no_clip_layers),
+        no_quant_layers=tuple(args.qe_no_quant_layers),
+        calibration=args.qe_calibration, stats_file=_path(args.qe_stats_file),
+        dynamic=args.qe_dynamic, config_file=_path(args.qe_config_file))
+
+
+def _refuse_quantized(args: argparse.Namespace, setup: RunSetup, training: bool) -> None:
+    """A post-training quantized checkpoint is evaluated or converted, never trained or thinned."""
+    recipe = setup.description.recipe("quantization")
+    if not isinstance(recipe, dict) or recipe.get("kind") != "post_train":
+        return
+    mode = "training" if training else next(
+        (flag for flag, on in (("--thinnify", args.thinnify), ("--sense", args.sense),
+                               ("--export-onnx", args.export_onnx is not None)) if on), None)
+    if mode is not None:
+        raise UsageError(f"{setup.checkpoint_path} is post-training quantized, and {mode} needs "
+                         "a float model; use the float checkpoint it came from (quantize last)")
+
+
 def _data_config(args: argparse.Namespace, training: bool) -> DataConfig:
     return DataConfig(root=args.data, validation_split=args.validation_split if training else 0.0,
                       effective_train_size=args.effective_train_size,
@@ -133,9 +160,14 @@ def _is_training(args: argparse.Namespace) -> bool:
 
 
 def _print_results(results: dict[str, Any]) -> None:
-    rows = [["top-1 (%)", f"{results['top1']:.2f}"], ["top-5 (%)", f"{results['top5']:.2f}"],
-            ["loss", f"{results['loss']:.4f}"], ["params", f"{results['params']:,}"],
-            ["time (s)", f"{results['time']:.1f}"]]
+    shown = (("top-1 (%)", "top1", "{:.2f}"), ("top-5 (%)", "top5", "{:.2f}"),
+             ("loss", "loss", "{:.4f}"), ("kernels", "kernels", "{}"),
+             ("bits (acts/wts)", "bits", "{}"), ("stats", "stats_file", "{}"),
+             ("params", "params", "{:,}"), ("time (s)", "time", "{:.1f}"))
+    if "kernels" in results:
+        results = {**results, "bits": f"{results.get('bits_activations')}/"
+                                      f"{results.get('bits_weights')}"}
+    rows = [[label, fmt.format(results[key])] for label, key, fmt in shown if key in results]
     print(tabulate(rows, headers=[f"{results['arch']} on {results['dataset']}", ""],
                    tablefmt="github"))
 
@@ -202,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args, model)
     training = _is_training(args)
+    _refuse_quantized(args, setup, training)
     config = _train_config(args)
     distillation = None
     if training:  # everything that can refuse the run does so before any file is written
@@ -211,6 +244,11 @@ def run(args: argparse.Namespace) -> int:
 
             require_tensorboard()
         distillation = start_distillation(config, setup, model, ctx)
+    if quantization_requested(args):  # refused before any file is written
+        from compressor.quantize_run import check_quantization
+
+        check_quantization(model, _quantize_config(args),
+                           str(setup.checkpoint_path or setup.arch))
     if args.export_onnx is not None:
         return _export(args, setup, ctx, model, started)
     data = _load_data(setup, _data_config(args, training), training)
@@ -229,10 +267,11 @@ def run(args: argparse.Namespace) -> int:
             results = run_training(setup, ctx, model, data, writer_dir, config, record,
                                    distillation)
         else:
-            results = _post_training(args, setup, ctx, model, data, writer_dir, config, record)
+            results, model = _post_training(args, setup, ctx, model, data, writer_dir, config,
+                                            record)
         if config.reports.confusion:
             results.update(_confusion(setup, ctx, model, data, writer_dir, config))
-        results = {**results, **_model_facts(model, run_dir),
+        results = {**_model_facts(model, run_dir), **results,
                    "time": time.perf_counter() - started}
         if ctx.is_main:
             write_results_json(run_dir, results)
@@ -240,35 +279,37 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _progress_of(setup: RunSetup, test: dict[str, float]) -> dict[str, Any]:
-    """epoch and best top-1 of the evaluated checkpoint (of this evaluation when there is none)."""
-    checkpoint = setup.checkpoint or {}
-    epoch = int(checkpoint.get("epoch", -1))
-    return {"epoch": epoch, "best_top1": checkpoint.get("best_top1", test["top1"]),
-            "best_epoch": checkpoint.get("best_epoch", epoch)}
-
-
 def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
                    model: nn.Module, data: EvaluationData, run_dir: Path | None,
-                   config: TrainConfig, record: dict[str, Any]) -> dict[str, Any]:
-    """Evaluate, analyse sensitivity or thin a model on the test split."""
+                   config: TrainConfig, record: dict[str, Any]
+                   ) -> tuple[dict[str, Any], nn.Module]:
+    """Evaluate (quantized or not), analyse sensitivity or thin a model on the test split;
+    returns the results and the model they describe."""
     loader = eval_loader(data.test, config.loader.batch_size, config.loader.workers, ctx)
     reduce = all_reduce_sum if ctx.enabled else None
 
     def evaluate_fn(net: nn.Module) -> dict[str, float]:
-        return evaluate(net, loader, ctx.device, reduce=reduce, desc="test")
+        device = next((t.device for t in net.state_dict().values()), ctx.device)
+        return evaluate(net, loader, device if device.type == "cpu" else ctx.device,
+                        reduce=reduce, desc="test")
 
+    if quantization_requested(args):
+        from compressor.quantize_run import run_quantization
+
+        return run_quantization(model, _quantize_config(args), data.test, config.loader,
+                                setup, run_dir, record, evaluate_fn)
     if args.thinnify:
         from compressor.thinning.run import thinnify
 
-        return thinnify(model, evaluate_fn, setup.checkpoint, run_dir, config.optimizer, record)
+        return thinnify(model, evaluate_fn, setup.checkpoint, run_dir, config.optimizer,
+                        record), model
     if args.sense:
         from compressor.sensitivity import run_sensitivity, sensitivity_levels
 
         run_sensitivity(model, evaluate_fn, args.sense, sensitivity_levels(*args.sense_range),
                         run_dir)
     test = evaluate_fn(model)
-    return {**test, **_progress_of(setup, test)}
+    return {**test, **setup.progress(test)}, model
 
 
 def _confusion(setup: RunSetup, ctx: DistContext, model: nn.Module,

@@ -171,8 +171,14 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Any], source: str) -
         raise CheckpointError(f"{source} holds no state dict of tensors; use a checkpoint "
                               "saved by compressor or torch.save(model.state_dict())")
     try:
-        unwrap_model(model).load_state_dict(clean_state_dict(state_dict), strict=True)
-    except (RuntimeError, TypeError, AttributeError) as exc:
+        inner = unwrap_model(model)
+        cleaned = clean_state_dict(state_dict)
+        if _post_training_quantized(inner):
+            from compressor.quantization.packing import unpack_state_dict
+
+            cleaned = unpack_state_dict(inner, cleaned)
+        inner.load_state_dict(cleaned, strict=True)
+    except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as exc:
         detail = " ".join(str(exc).split())[:300]
         raise CheckpointError(f"weights in {source} do not fit {description_of(model).arch} "
                               f"({detail}); check the arch and the file") from None
@@ -189,9 +195,27 @@ def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
+def _post_training_quantized(model: nn.Module) -> bool:
+    """Whether the model is post-training quantized (its weights are stored as integers)."""
+    from compressor.models.description import described
+
+    if not described(model):
+        return False
+    recipe = description_of(model).recipe("quantization")
+    return isinstance(recipe, Mapping) and recipe.get("kind") == "post_train"
+
+
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with wrapper prefixes stripped (masks live in the tensors)."""
-    return clean_state_dict(unwrap_model(model).state_dict())
+    """The model's state dict with wrapper prefixes stripped (masks live in the tensors);
+    a post-training quantized model's weights as plain integer tensors with their scales."""
+    from compressor.transforms import stored_form
+
+    inner = stored_form(model)
+    if _post_training_quantized(inner):
+        from compressor.quantization.packing import pack_state_dict
+
+        return clean_state_dict(pack_state_dict(inner))
+    return clean_state_dict(inner.state_dict())
 
 
 def get_rng_state() -> dict[str, Any]:

@@ -19,6 +19,10 @@ MAX_WORKERS = 1024
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 SUMMARY_CHOICES = ("sparsity", "compute", "model", "modules")
 SENSE_CHOICES = ("element", "filter", "channel")
+QE_MODES = ("sym", "sym_restr", "asym_u", "asym_s")
+QE_CLIP_MODES = ("none", "avg", "n_std", "gauss", "laplace")
+QE_BACKENDS = ("x86", "fbgemm", "qnnpack")
+MAX_QUANT_BITS = 16
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -225,6 +229,58 @@ def _add_report_args(parser: argparse.ArgumentParser) -> None:
                        help="log the per-layer mask sparsity table at the end of each epoch")
 
 
+def _add_quantization_args(parser: argparse.ArgumentParser) -> None:
+    """Distiller's post-training quantization flags (range_linear.add_post_train_quant_args)."""
+    group = parser.add_argument_group(
+        "post-training quantization (with -e)",
+        "8-bit models convert to real int8 kernels with --qe-convert-pytorch; other widths are "
+        "simulated")
+    bits = _integer(0, MAX_QUANT_BITS)
+    group.add_argument("--quantize-eval", "--qe", dest="quantize_eval", action="store_true",
+                       help="quantize the model after loading it, then evaluate it (with -e)")
+    group.add_argument("--qe-mode", "--qem", dest="qe_mode", choices=QE_MODES, default="sym",
+                       help="linear quantization mode (default sym)")
+    group.add_argument("--qe-mode-acts", "--qema", dest="qe_mode_acts", choices=QE_MODES,
+                       default=None, help="mode of the activations (overrides --qe-mode)")
+    group.add_argument("--qe-mode-wts", "--qemw", dest="qe_mode_wts", choices=QE_MODES,
+                       default=None, help="mode of the weights (overrides --qe-mode)")
+    group.add_argument("--qe-bits-acts", "--qeba", dest="qe_bits_acts", type=bits, default=8,
+                       help="bits of the activations, 2..16 (0: keep float; default 8)")
+    group.add_argument("--qe-bits-wts", "--qebw", dest="qe_bits_wts", type=bits, default=8,
+                       help="bits of the weights, 2..16 (0: keep float; default 8)")
+    group.add_argument("--qe-bits-accum", dest="qe_bits_accum", type=_integer(1, 32),
+                       default=32, help="bits of the accumulator (default 32)")
+    group.add_argument("--qe-clip-acts", "--qeca", dest="qe_clip_acts", choices=QE_CLIP_MODES,
+                       default="none", help="activation clipping (default none)")
+    group.add_argument("--qe-clip-n-stds", dest="qe_clip_n_stds",
+                       type=_real(0.0, None, low_open=True), default=None,
+                       help="with --qe-clip-acts n_std: clip at mean +- N standard deviations")
+    group.add_argument("--qe-no-clip-layers", "--qencl", dest="qe_no_clip_layers", nargs="+",
+                       default=[], metavar="LAYER", help="layers whose activations are not "
+                                                         "clipped")
+    group.add_argument("--qe-no-quant-layers", "--qenql", dest="qe_no_quant_layers", nargs="+",
+                       default=[], metavar="LAYER", help="layers kept in float")
+    group.add_argument("--qe-per-channel", "--qepc", dest="qe_per_channel", action="store_true",
+                       help="per-channel weight quantization")
+    source = group.add_mutually_exclusive_group()
+    source.add_argument("--qe-calibration", dest="qe_calibration", type=_effective_size,
+                        default=None, metavar="FRACTION",
+                        help="collect activation statistics on this fraction of the test set "
+                             "(alone: write acts_quantization_stats.yaml and exit)")
+    source.add_argument("--qe-stats-file", dest="qe_stats_file", default=None, metavar="PATH",
+                        help="activation statistics (Distiller's YAML format)")
+    source.add_argument("--qe-dynamic", dest="qe_dynamic", action="store_true",
+                        help="activation ranges computed on the fly, per batch (simulated)")
+    source.add_argument("--qe-config-file", dest="qe_config_file", default=None,
+                        metavar="YAML", help="a Distiller YAML with a PostTrainLinearQuantizer "
+                                             "(its settings replace the --qe-* flags)")
+    group.add_argument("--qe-convert-pytorch", "--qept", dest="qe_convert_pytorch",
+                       action="store_true",
+                       help="convert the quantized model to real int8 kernels (8 bits only)")
+    group.add_argument("--qe-pytorch-backend", dest="qe_pytorch_backend", choices=QE_BACKENDS,
+                       default="x86", help="int8 kernel backend (default x86)")
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     """The compress_classifier.py argument parser."""
     parser = _OneLineParser(
@@ -237,6 +293,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add_compression_args(parser)
     _add_distillation_args(parser)
     _add_report_args(parser)
+    _add_quantization_args(parser)
     return parser
 
 
@@ -267,6 +324,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UsageError("give either --resume-from or --exp-load-weights-from, not both")
     _check_distillation(args)
     _check_epoch_reports(args)
+    _check_quantization(args)
     return args
 
 
@@ -313,3 +371,46 @@ def _check_distillation(args: argparse.Namespace) -> None:
         raise UsageError(f"--kd-start-epoch {args.kd_start_epoch} is not below --epochs "
                          f"{args.epochs} (the total), so no epoch would be distilled; lower it, "
                          "or pass the --kd-* flags when resuming to train further")
+
+
+def quantization_requested(args: argparse.Namespace) -> bool:
+    """Whether this command quantizes (or calibrates, or converts) after loading the model."""
+    return bool(args.quantize_eval or args.qe_convert_pytorch or args.qe_calibration is not None)
+
+
+def _check_quantization(args: argparse.Namespace) -> None:
+    """Distiller's rules: post-training quantization runs with -e, one statistics source."""
+    used = [flag for flag, on in (
+        ("--qe-stats-file", args.qe_stats_file), ("--qe-dynamic", args.qe_dynamic),
+        ("--qe-config-file", args.qe_config_file), ("--qe-per-channel", args.qe_per_channel),
+        ("--qe-no-clip-layers", args.qe_no_clip_layers),
+        ("--qe-no-quant-layers", args.qe_no_quant_layers),
+        ("--qe-clip-n-stds", args.qe_clip_n_stds is not None)) if on]
+    if not quantization_requested(args):
+        if used:
+            raise UsageError(f"{used[0]} configures post-training quantization; add -e --qe "
+                             f"(or drop {used[0]})")
+        return
+    flag = ("--qe-convert-pytorch" if args.qe_convert_pytorch and not args.quantize_eval
+            else "--qe-calibration" if not args.quantize_eval else "--quantize-eval")
+    if not args.evaluate:
+        raise UsageError(f"{flag} quantizes a trained model for evaluation and needs -e (as in "
+                         "Distiller); add -e, with --resume-from CKPT or --pretrained")
+    for other, on in (("--thinnify", args.thinnify), ("--sense", args.sense),
+                      ("--export-onnx", args.export_onnx is not None)):
+        if on:
+            raise UsageError(f"{flag} and {other} are separate jobs; run them one after the "
+                             "other")
+    if (args.qe_convert_pytorch and args.qe_config_file is None
+            and (args.qe_bits_acts, args.qe_bits_wts) != (8, 8)):
+        raise UsageError(f"--qe-convert-pytorch needs 8-bit activations and weights, not "
+                         f"--qeba {args.qe_bits_acts} --qebw {args.qe_bits_wts}; drop "
+                         "--qe-convert-pytorch (other widths stay simulated)")
+    if args.qe_convert_pytorch and args.qe_dynamic:
+        raise UsageError("--qe-convert-pytorch needs activation statistics, and --qe-dynamic "
+                         "has none; use --qe-calibration or --qe-stats-file instead")
+    if args.qe_clip_n_stds is not None and args.qe_clip_acts != "n_std":
+        raise UsageError("--qe-clip-n-stds needs --qe-clip-acts n_std; add it or drop "
+                         "--qe-clip-n-stds")
+    if args.qe_clip_acts == "n_std" and args.qe_clip_n_stds is None:
+        raise UsageError("--qe-clip-acts n_std needs --qe-clip-n-stds N (e.g. 3)")

@@ -100,15 +100,21 @@ def model_file_size(model: nn.Module) -> tuple[int, int]:
     Element-wise sparsity leaves the plain size unchanged; the compressed size shows what
     the zeros would save in a compressed file format.
     """
+    from compressor.checkpoint import plain_state_dict  # integer weights when quantized
+
     buffer = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, buffer)
+    torch.save({k: v.detach().cpu() for k, v in plain_state_dict(model).items()}, buffer)
     data = buffer.getvalue()
     return len(data), len(zlib.compress(data, 1))
 
 
 def model_metrics(model: nn.Module, checkpoint_path: str | os.PathLike | None = None
                   ) -> dict[str, Any]:
-    """Size and cost figures that a run adds to results.json."""
+    """Size and cost figures that a run adds to results.json (of an int8 model: of the
+    simulated model it was converted from, whose integer weights it holds)."""
+    from compressor.transforms import stored_form
+
+    model = stored_form(model)
     params = {name: param.detach() for name, param in model.named_parameters()}
     total = sum(p.numel() for p in params.values())
     nonzero = sum(int(torch.count_nonzero(p)) for p in params.values())

@@ -20,7 +20,7 @@ from compressor.errors import CheckpointError, UsageError
 from compressor.model_builder import build_model
 from compressor.models.description import ModelDescription
 from compressor.models.registry import ArchSpec, get_arch_spec
-from compressor.transforms import MemoryVariantTransform
+from compressor.transforms import MemoryVariantTransform, finish_loaded_model
 
 __all__ = ["ResolvedModel", "RunSetup", "resolve_model", "build_resolved_model", "load_model",
            "resolve_run"]
@@ -70,6 +70,13 @@ class RunSetup:
         """Where the --resume-from checkpoint was read."""
         return self.model.checkpoint_path
 
+    def progress(self, test: Mapping[str, float]) -> dict[str, Any]:
+        """Epoch and best top-1 of the evaluated checkpoint (of `test` when there is none)."""
+        checkpoint = self.checkpoint or {}
+        epoch = int(checkpoint.get("epoch", -1))
+        return {"epoch": epoch, "best_top1": checkpoint.get("best_top1", test["top1"]),
+                "best_epoch": checkpoint.get("best_epoch", epoch)}
+
 
 def resolve_model(request: ModelRequest) -> ResolvedModel:
     """Arch, dataset, input spec, attributes and transforms from the request or the checkpoint.
@@ -114,6 +121,7 @@ def build_resolved_model(resolved: ResolvedModel) -> nn.Module:
     model = build_model(resolved.description, pretrained=resolved.pretrained)
     if resolved.checkpoint is not None:
         load_weights(model, resolved.checkpoint["state_dict"], str(resolved.checkpoint_path))
+        return finish_loaded_model(model)
     elif resolved.load_weights_from is not None:
         data = load_checkpoint(resolved.load_weights_from)
         load_weights(model, data.get("state_dict", data), str(resolved.load_weights_from))

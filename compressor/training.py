@@ -28,9 +28,11 @@ from compressor.engine import evaluate, train_one_epoch
 from compressor.errors import UsageError
 from compressor.loaders import epoch_seed, eval_loader, seed_everything, train_loader
 from compressor.losses import get_loss
+from compressor.models.description import description_of
 from compressor.reports import open_epoch_reports
 from compressor.run_dir import write_metrics_csv
 from compressor.run_setup import RunSetup
+from compressor.transforms import QUANTIZATION
 
 __all__ = ["TrainState", "check_resume_epochs", "start_distillation", "run_training"]
 
@@ -111,6 +113,18 @@ def _heap_frozen() -> Iterator[None]:
         gc.unfreeze()
 
 
+def _trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The optimizer's first group: a quantizer's own parameters (PACT's clipping values) are
+    left out, since the schedule adds them as their own group (as on the first run)."""
+    recipe = description_of(model).recipe(QUANTIZATION)
+    if not (isinstance(recipe, Mapping) and recipe.get("kind") == "qat"):
+        return list(model.parameters())
+    from compressor.quantization.qat import quantizer_parameter_names
+
+    own = quantizer_parameter_names(model)
+    return [param for name, param in model.named_parameters() if name not in own]
+
+
 def _parameter_ids(model: nn.Module) -> tuple[int, ...]:
     return tuple(id(param) for param in model.parameters())
 
@@ -166,7 +180,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     `distillation` is what start_distillation returned (built before the run directory, so
     its refusals leave no file behind).
     """
-    optimizer = make_optimizer(model.parameters(), config.optimizer)
+    optimizer = make_optimizer(_trainable_parameters(model), config.optimizer)
     compression = _load_compression(config, model, optimizer, setup.seed)
     state = _restore(config, setup, optimizer, compression)
     loss_fn = get_loss(setup.model.arch_spec.loss)

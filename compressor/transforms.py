@@ -25,11 +25,14 @@ from compressor.models.description import (
 )
 from compressor.models.registry import get_arch_spec
 
-__all__ = ["Transform", "MemoryVariantTransform", "ThinningTransform", "TRANSFORMS",
-           "get_transform", "apply_transform", "apply_recipes", "recipe_of", "thin",
-           "probe_batch"]
+__all__ = ["Transform", "MemoryVariantTransform", "ThinningTransform", "QuantizationTransform",
+           "TRANSFORMS", "QUANTIZATION", "get_transform", "apply_transform", "apply_recipes",
+           "record_transform", "finish_loaded_model", "recipe_of", "thin", "probe_batch",
+           "attach_stored_form", "stored_form"]
 
 PROBE_SEED = 0  # thinning's probe batch is the same on every rank and in every rerun
+QUANTIZATION = "quantization"
+_STORED_FORM = "_compressor_stored_form"  # an int8 model's simulated source (what is saved)
 
 
 class Transform(Protocol):
@@ -78,8 +81,44 @@ class ThinningTransform:
         return description_of(model).recipe(self.name)
 
 
+class QuantizationTransform:
+    """Quantization (compressor.quantization): post-training (simulated or int8 kernels) or
+    quantization-aware training; the recipe holds the settings, statistics and fusions."""
+
+    name = QUANTIZATION
+
+    def apply(self, model: nn.Module, recipe: Any) -> nn.Module:
+        """Give a freshly built float model the quantized structure its state_dict loads into."""
+        if not isinstance(recipe, Mapping) or recipe.get("kind") not in ("post_train", "qat"):
+            raise CheckpointError(f"model_attrs holds a quantization recipe of unknown kind "
+                                  f"({type(recipe).__name__}); upgrade compressor or use another "
+                                  "checkpoint")
+        if recipe["kind"] == "qat":
+            from compressor.quantization.qat_build import qat_from_recipe
+
+            return qat_from_recipe(model, {k: v for k, v in recipe.items() if k != "kind"})
+        from compressor.quantization.post_train import quantize_from_recipe
+
+        return quantize_from_recipe(model, recipe)
+
+    def recipe_of(self, model: nn.Module) -> Any | None:
+        """The quantization recipe."""
+        return description_of(model).recipe(self.name)
+
+    def after_load(self, model: nn.Module, recipe: Any) -> nn.Module:
+        """With its weights loaded, a model quantized for int8 kernels is converted to them."""
+        if recipe.get("kind") != "post_train" or recipe.get("kernels") != "int8":
+            return model
+        from compressor.quantization.int8 import convert_to_int8
+
+        description = description_of(model)
+        converted = convert_to_int8(model.cpu(), recipe.get("backend", "x86"))
+        return attach_stored_form(describe(converted, description), model)
+
+
 TRANSFORMS: Mapping[str, Transform] = MappingProxyType({
-    transform.name: transform for transform in (MemoryVariantTransform(), ThinningTransform())})
+    transform.name: transform for transform in (
+        MemoryVariantTransform(), ThinningTransform(), QuantizationTransform())})
 
 
 def get_transform(name: str) -> Transform:
@@ -96,6 +135,33 @@ def apply_transform(model: nn.Module, name: str, recipe: Any) -> nn.Module:
     description = description_of(model)
     transformed = get_transform(name).apply(model, recipe)
     return describe(transformed, description.with_transform(name, recipe))
+
+
+def attach_stored_form(converted: nn.Module, simulated: nn.Module) -> nn.Module:
+    """Remember the simulated model an int8 model was converted from (checkpoints save it)."""
+    object.__setattr__(unwrap_model(converted), _STORED_FORM, simulated)
+    return converted
+
+
+def stored_form(model: nn.Module) -> nn.Module:
+    """The model as a checkpoint stores it: an int8 model's simulated source, else itself."""
+    inner = unwrap_model(model)
+    return vars(inner).get(_STORED_FORM, inner)
+
+
+def record_transform(model: nn.Module, name: str, recipe: Any) -> nn.Module:
+    """Record in `model`'s description that transform `name` was applied with `recipe`."""
+    get_transform(name)
+    return describe(model, description_of(model).with_transform(name, recipe))
+
+
+def finish_loaded_model(model: nn.Module) -> nn.Module:
+    """After a rebuilt model's weights are loaded: the transforms' last steps (int8 kernels)."""
+    for step in description_of(model).transforms:
+        after_load = getattr(get_transform(step.name), "after_load", None)
+        if after_load is not None:
+            model = after_load(model, step.recipe)
+    return model
 
 
 def apply_recipes(model: nn.Module, steps: Iterable[TransformStep]) -> nn.Module:

@@ -30,11 +30,12 @@ def status_row(path: Path, corpus: Path, archs: list[str]) -> tuple[str, str, st
         return name, arch or "-", "-", "not a schedule (activation statistics)"
     classes = sorted({entry["class"] for section in SECTIONS
                       for entry in (doc.get(section) or {}).values()})
-    if doc.get("quantizers"):
-        refused = sorted({entry["class"] for entry in doc["quantizers"].values()})
-        status = f"refused: {', '.join(refused)} not implemented yet"
-    elif arch not in archs:
+    post_train = any(entry.get("class") == "PostTrainLinearQuantizer"
+                     for entry in (doc.get("quantizers") or {}).values())
+    if arch not in archs:
         status = f"skipped: arch {arch or '(not named)'} not registered"
+    elif post_train:
+        status = "runs (with -e --qe --qe-config-file)"
     else:
         status = "runs"
     return name, arch or "-", ", ".join(classes) or "-", status

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import functools
 import io
 import os
 import subprocess
@@ -12,6 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from tests.cli_zygote import CliZygote, startup_env
 
 ROOT = Path(__file__).resolve().parents[1]
 # Distiller's own schedules: beside CI's checkout (../shared), not beside a user's clone.
@@ -46,11 +50,39 @@ def cli_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run `python compress_classifier.py ARGS` and capture its output."""
+            timeout: float = 300, fresh: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run `python compress_classifier.py ARGS` and capture its output.
+
+    By default the run is a child forked from this worker's pre-imported zygote (tests/
+    cli_zygote.py), which skips the seconds of importing torch; `fresh=True`, or an environment
+    that interpreter start reads differently from the zygote's, runs a new interpreter instead.
+    """
+    run_env = cli_env(env)
     command = [sys.executable, str(ROOT / "compress_classifier.py"), *args]
-    return subprocess.run(command, cwd=cwd or ROOT, env=cli_env(env), capture_output=True,
-                          text=True, timeout=timeout)
+    zygote = None if fresh else cli_zygote(run_env)
+    if zygote is None:
+        return subprocess.run(command, cwd=cwd or ROOT, env=run_env, capture_output=True,
+                              text=True, timeout=timeout)
+    return zygote.run(command, cwd or ROOT, run_env, timeout)
+
+
+def cli_zygote(env: dict[str, str]) -> CliZygote | None:
+    """This worker's zygote, started on first use; None where it cannot serve a run in `env`
+    (no fork, or CLI_ZYGOTE=0 in the environment: every run then starts a new interpreter)."""
+    if not hasattr(os, "fork") or os.environ.get("CLI_ZYGOTE") == "0":
+        return None
+    zygote = _started_zygote()
+    if not zygote.alive():
+        _started_zygote.cache_clear()
+        zygote = _started_zygote()
+    return zygote if startup_env(env) == zygote.startup_env else None
+
+
+@functools.cache
+def _started_zygote() -> CliZygote:
+    zygote = CliZygote(cli_env())
+    atexit.register(zygote.close)
+    return zygote
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess[str]:

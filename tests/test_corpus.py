@@ -1,5 +1,7 @@
 """Distiller's own schedules: each one whose arch compressor registers loads and runs one short
-epoch on synthetic data at that arch's input spec; quantizer schedules are refused by name."""
+epoch on synthetic data at that arch's input spec; quantization-aware schedules train that epoch
+quantized, post-training ones (Distiller's --qe-config-file YAMLs) quantize with their statistics
+file and evaluate."""
 
 from __future__ import annotations
 
@@ -7,8 +9,6 @@ import copy
 import io
 import math
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,10 +21,11 @@ from compressor.losses import cross_entropy
 from compressor.models.description import description_of
 from compressor.models.registry import create_model, get_arch_spec, list_archs
 from compressor.pruning import LevelPruner, sparsity
-from compressor.schedule import QUANTIZER_CLASSES, load_schedule
+from compressor.quantization.qat import is_qat_prepared
+from compressor.schedule import load_schedule
 from compressor.schedule.loader import SECTIONS
 from compressor.schedule.policies import ExtensionPolicy, PruningPolicy
-from tests.conftest import CORPUS, ROOT, requires_corpus
+from tests.conftest import CORPUS, ROOT, requires_corpus, run_cli
 
 FILES = sorted(CORPUS.rglob("*.yaml")) if CORPUS.is_dir() else []
 ARCH_FLAG = re.compile(r"(?:--arch|-a)[ =]+([A-Za-z0-9_]+)")
@@ -59,6 +60,28 @@ def pristine() -> dict[str, torch.nn.Module]:
     return {}
 
 
+def run_post_training_config(source: Path, arch: str, pristine: dict[str, torch.nn.Module]
+                             ) -> None:
+    """Distiller's post-training YAML (-e --qe --qe-config-file): its stats file, one evaluation."""
+    from compressor.config import QuantizeConfig
+    from compressor.quantize_run import prepare_quantized_model
+
+    if arch not in pristine:
+        torch.manual_seed(0)
+        pristine[arch] = create_model(arch, "synthetic")
+    model = copy.deepcopy(pristine[arch])
+    spec = description_of(model).input_spec
+    torch.manual_seed(1)
+    images = torch.randn(2, *spec.input_size)
+    quantized = prepare_quantized_model(model, QuantizeConfig(quantize=True, config_file=source),
+                                        [], 2, 0, str(source))
+    assert quantized.facts["stats_source"].endswith("resnet18_quant_stats.yaml")
+    with torch.no_grad():
+        outputs = quantized.evaluated.eval()(images)
+    assert outputs.shape == (2, description_of(model).num_classes)
+    assert torch.isfinite(outputs).all()
+
+
 @requires_corpus
 def test_corpus_is_present() -> None:
     assert len(FILES) >= 60, f"expected Distiller's schedules in {CORPUS}"
@@ -77,11 +100,8 @@ def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> No
             load_schedule(source, model, torch.optim.SGD(model.parameters(), lr=0.1))
         return
     quantizers = [entry["class"] for entry in (doc.get("quantizers") or {}).values()]
-    if quantizers:  # refused before any name is resolved, whatever the arch
-        assert set(quantizers) <= QUANTIZER_CLASSES
-        model = create_model(arch if arch in archs else "resnet20_cifar", "synthetic")
-        with pytest.raises(ScheduleError, match=f"'{quantizers[0]}' is not implemented yet"):
-            load_schedule(source, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    if "PostTrainLinearQuantizer" in quantizers:
+        run_post_training_config(source, arch, pristine)
         return
     if arch not in archs:
         # Listed as skipped in the support table: the CLI refuses the arch it names, clearly.
@@ -110,6 +130,9 @@ def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> No
     assert math.isfinite(metrics["loss"])
     sched.on_epoch_end(epoch, {"loss": metrics["loss"], "top1": 0.0})
 
+    if quantizers:
+        assert is_qat_prepared(model)
+        assert description_of(model).recipe("quantization")["kind"] == "qat"
     active = [p for p in sched.policies if epoch in p.window.epochs]
     if any(isinstance(p, ExtensionPolicy) for p in active):
         structured = [p for p in active if isinstance(p, PruningPolicy)
@@ -140,11 +163,10 @@ def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> No
 @requires_corpus
 def test_corpus_schedule_through_the_cli(tmp_path: Path) -> None:
     schedule = CORPUS / "agp-pruning" / "resnet20_filters.schedule_agp.yaml"
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "compress_classifier.py"), "-a", "resnet20_cifar",
-         "--dataset", "synthetic", "--epochs", "1", "-b", "32", "--etrs", "0.005", "--etes",
-         "0.005", "-j", "0", "--cpu", "--compress", str(schedule), "-o", str(tmp_path),
-         "-n", "agp"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    result = run_cli(
+        "-a", "resnet20_cifar", "--dataset", "synthetic", "--epochs", "1", "-b", "32", "--etrs",
+        "0.005", "--etes", "0.005", "-j", "0", "--cpu", "--compress", str(schedule), "-o",
+        str(tmp_path), "-n", "agp", timeout=300)
     assert result.returncode == 0, result.stderr
     state = torch.load(tmp_path / "agp" / "checkpoint.pth.tar", weights_only=True)
     weight = state["state_dict"]["layer2.0.conv1.weight"]

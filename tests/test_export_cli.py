@@ -153,6 +153,6 @@ def test_without_the_onnx_extra_it_says_which_to_install(tmp_path: Path):
     (fake / "onnx").mkdir(parents=True)
     (fake / "onnx" / "__init__.py").write_text("raise ImportError('no onnx here')\n")
     result = run_cli("-a", "simplenet_digits", "--export-onnx", "-o", str(tmp_path), "-n", "run",
-                     env={"PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"})
+                     env={"PYTHONPATH": f"{fake}{os.pathsep}{ROOT}"}, fresh=True)
     assert_user_error(result, "--export-onnx needs the 'onnx' extra", "pip install -e '.[onnx]'")
     assert not (tmp_path / "run").exists()

@@ -103,7 +103,7 @@ def test_unknown_or_malformed_transforms_are_one_line_errors(tmp_path: Path) -> 
         save_checkpoint(path, state)
         with pytest.raises(CheckpointError, match=fragment):
             load_model(path)
-    assert set(TRANSFORMS) == {"memory_efficient", "thinning"}
+    assert set(TRANSFORMS) == {"memory_efficient", "thinning", "quantization"}
 
 
 @pytest.mark.parametrize("seed", range(12))

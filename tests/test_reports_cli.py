@@ -129,7 +129,8 @@ def test_missing_tensorboard_is_one_line_before_training(tmp_path: Path) -> None
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ImportError('No module named tensorboard')\n")
     result = run_cli(*TINY, "--epochs", "1", "--tensorboard", "-o", str(tmp_path), "-n", "run",
-                     env={"PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)])})
+                     env={"PYTHONPATH": os.pathsep.join([str(fake.parent), str(ROOT)])},
+                     fresh=True)
     assert_user_error(result, "--tensorboard", "pip install -e .[tensorboard]")
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
 

@@ -151,7 +151,7 @@ def test_mask_gradients_needs_mask_on_forward_only() -> None:
     ("quantiser", ["unknown policy kind 'quantiser'", "did you mean 'quantizer'?"]),
     ("prunner", ["unknown policy kind 'prunner'", "did you mean 'pruner'?"]),
     ("foo", ["unknown policy kind 'foo'", "pruner, regularizer"]),
-    ("quantizer", ["quantization policies are not implemented yet"]),
+    ("quantizer", ["'p' is a pruner, not a quantizer"]),
 ])
 def test_unknown_policy_kinds_are_refused(kind: str, fragments: list[str]) -> None:
     doc = {"pruners": {"p": AGP}, "policies": [{kind: {"instance_name": "p"}, "epochs": [0]}]}

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,9 +10,8 @@ import torch
 import yaml
 
 from compressor.schedule import build_scheduler, format_dry_run
+from tests.conftest import run_cli
 from tests.test_pruning_pruners import tiny
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def lr_schedule(entry: dict, start: int = 0, end: int = 100, lr: float = 1.0):
@@ -109,10 +106,9 @@ def test_cli_dry_run_needs_no_data(tmp_path: Path) -> None:
                       "ending_epoch": 3, "frequency": 1},
                      {"lr_scheduler": {"instance_name": "l"}, "starting_epoch": 0,
                       "ending_epoch": 3, "frequency": 1}]}))
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "compress_classifier.py"), "-a", "resnet20_cifar",
-         "--compress", str(schedule), "--dry-run", "--lr", "0.4", "--epochs", "4", "--cpu",
-         "-o", str(tmp_path / "runs")], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = run_cli(
+        "-a", "resnet20_cifar", "--compress", str(schedule), "--dry-run", "--lr", "0.4",
+        "--epochs", "4", "--cpu", "-o", str(tmp_path / "runs"), timeout=120)
     assert result.returncode == 0, result.stderr
     assert table_cells(result.stdout) == [["0", "0.4", "0.0500"], ["1", "0.2", "0.7063"],
                                           ["2", "0.1", "0.8000"], ["3", "0.05", ""]]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,8 @@ import torch
 import yaml
 
 from compressor.schedule import build_scheduler
+from tests.conftest import run_cli
 from tests.test_pruning_pruners import run_schedule, tiny
-
-ROOT = Path(__file__).resolve().parents[1]
 
 SCHEDULE = {
     "pruners": {
@@ -82,8 +80,7 @@ def test_state_for_a_different_schedule_is_refused() -> None:
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "compress_classifier.py"), *args],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return run_cli(*args, timeout=300)
 
 
 def test_cli_agp_run_and_mid_schedule_resume(tmp_path: Path) -> None:

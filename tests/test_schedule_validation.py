@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,9 +11,8 @@ import yaml
 from compressor.errors import ScheduleError
 from compressor.models.registry import create_model
 from compressor.schedule import build_scheduler, load_schedule
+from tests.conftest import run_cli
 from tests.test_pruning_pruners import tiny
-
-ROOT = Path(__file__).resolve().parents[1]
 
 AGP = {"class": "AutomatedGradualPruner", "initial_sparsity": 0.1, "final_sparsity": 0.5,
        "weights": ["conv2.weight"]}
@@ -56,8 +53,10 @@ def with_pruner(**changes) -> dict:
         "instance_name": "p", "args": {"keep_masks": True}}}]},
      ["policies[0].pruner.args", "unknown key 'keep_masks'"]),
     ({"pruners": {"p": AGP}, "polices": []}, ["top level", "unknown key 'polices'"]),
-    ({"quantizers": {"q": {"class": "DorefaQuantizer", "bits_weights": 4}}},
-     ["quantizers.q", "'DorefaQuantizer' is not implemented yet"]),
+    ({"quantizers": {"q": {"class": "DorefaQuantizer", "bits_weights": 40}}},
+     ["quantizers.q", "bits_weights", "40"]),
+    ({"quantizers": {"q": {"class": "RangeLinearQuantizer"}}},
+     ["quantizers.q", "retired in Distiller 0.3"]),
     ({"regularizers": {"p": AGP}}, ["belongs under 'pruners'"]),
     ({"regularizers": {"r": {"class": "GroupLassoRegularizer",
                              "reg_regims": {"conv2.weight": [0.1, "Rows"]}}}},
@@ -112,11 +111,9 @@ def test_load_schedule_file_errors(tmp_path: Path) -> None:
 def test_cli_reports_schedule_errors_with_exit_status_2(tmp_path: Path) -> None:
     schedule = tmp_path / "typo.yaml"
     schedule.write_text(yaml.safe_dump(with_pruner(weights=["module.layer1.0.conv9.weight"])))
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "compress_classifier.py"), "-a", "resnet20_cifar",
-         "--dataset", "synthetic", "--compress", str(schedule), "--dry-run", "--cpu",
-         "-o", str(tmp_path / "runs")],
-        capture_output=True, text=True, cwd=ROOT, timeout=120)
+    result = run_cli(
+        "-a", "resnet20_cifar", "--dataset", "synthetic", "--compress", str(schedule),
+        "--dry-run", "--cpu", "-o", str(tmp_path / "runs"), timeout=120)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr

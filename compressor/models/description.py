@@ -22,7 +22,8 @@ from torch import nn
 from compressor.errors import CheckpointError
 from compressor.models.input_spec import InputSpec
 
-__all__ = ["ModelDescription", "TransformStep", "describe", "description_of", "unwrap_model",
+__all__ = ["ModelDescription", "TransformStep", "describe", "described", "description_of",
+           "unwrap_model",
            "TRANSFORMS_KEY"]
 
 TRANSFORMS_KEY = "transforms"
@@ -133,6 +134,11 @@ def describe(model: nn.Module, description: ModelDescription) -> nn.Module:
     """Attach `description` to `model` (the one place a description is written); returns it."""
     object.__setattr__(unwrap_model(model), _ATTRIBUTE, description)
     return model
+
+
+def described(model: nn.Module) -> bool:
+    """Whether `model` carries a ModelDescription (plain torch modules do not)."""
+    return isinstance(vars(unwrap_model(model)).get(_ATTRIBUTE), ModelDescription)
 
 
 def description_of(model: nn.Module) -> ModelDescription:

@@ -1,4 +1,5 @@
-"""Quantization with Distiller's semantics: range-linear math, activation clipping, statistics."""
+"""Quantization with Distiller's semantics: range-linear math, activation clipping, statistics,
+post-training quantization (simulated, and real int8 kernels), quantization-aware training."""
 
 from compressor.quantization.clipping import (
     ALPHA_GAUSS,
@@ -13,6 +14,24 @@ from compressor.quantization.clipping import (
     tensor_range,
 )
 from compressor.quantization.errors import QuantizationError
+from compressor.quantization.int8 import INT8_BACKENDS, check_convertible, convert_to_int8
+from compressor.quantization.packing import pack_state_dict, unpack_state_dict
+from compressor.quantization.post_train import (
+    PostTrainLinearQuantizer,
+    calibration_batches,
+    is_quantized,
+    quantization_summary,
+    quantize_from_recipe,
+)
+from compressor.quantization.qat import (
+    QATQuantizer,
+    QuantAwareTrainRangeLinearQuantizer,
+    is_qat_prepared,
+    qat_to_float,
+    quantizer_parameter_names,
+)
+from compressor.quantization.qat_build import QAT_CLASSES, build_qat_quantizer, qat_from_recipe
+from compressor.quantization.qat_methods import DorefaQuantizer, PACTQuantizer, WRPNQuantizer
 from compressor.quantization.range_linear import (
     MAX_ACCUM_BITS,
     MAX_BITS,
@@ -36,6 +55,14 @@ from compressor.quantization.range_linear import (
     quantized_range,
     torch_qparams,
     weight_quant_params,
+)
+from compressor.quantization.settings import (
+    LayerSettings,
+    QuantSettings,
+    quantizable_modules,
+    resolve_layers,
+    settings_from_args,
+    with_layer_overrides,
 )
 from compressor.quantization.stats import (
     STAT_KEYS,
@@ -63,4 +90,15 @@ __all__ = [
     # stats
     "STATS_FILE_NAME", "STAT_KEYS", "ActivationStats", "load_stats", "parse_stats", "dump_stats",
     "save_stats", "tensor_stats", "collect_stats",
+    # settings
+    "QuantSettings", "LayerSettings", "settings_from_args", "with_layer_overrides",
+    "resolve_layers", "quantizable_modules",
+    # post-training, int8 kernels, checkpoint form
+    "PostTrainLinearQuantizer", "quantize_from_recipe", "is_quantized", "quantization_summary",
+    "calibration_batches", "INT8_BACKENDS", "check_convertible", "convert_to_int8",
+    "pack_state_dict", "unpack_state_dict",
+    # quantization-aware training
+    "QATQuantizer", "QuantAwareTrainRangeLinearQuantizer", "DorefaQuantizer", "PACTQuantizer",
+    "WRPNQuantizer", "QAT_CLASSES", "build_qat_quantizer", "qat_from_recipe", "is_qat_prepared",
+    "qat_to_float", "quantizer_parameter_names",
 ]

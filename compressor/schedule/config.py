@@ -131,6 +131,8 @@ class ParamResolver:
                 spellings.append(name[len(prefix):])
         parts = [part for part in name.split(".") if part not in ("module", "_orig_mod")]
         spellings.append(".".join(parts))
+        if len(parts) > 1:  # a quantizer wraps layers: conv1.weight is conv1.wrapped.weight
+            spellings.append(".".join([*parts[:-1], "wrapped", parts[-1]]))
         return spellings
 
     def resolve(self, name: Any, reader: EntryReader, key: str) -> str:

@@ -22,11 +22,13 @@ from compressor.schedule.policies import (
     Policy,
     PruningOptions,
     PruningPolicy,
+    QuantizationPolicy,
     RegularizationPolicy,
     Window,
 )
+from compressor.schedule.quantizers import prepare_quantizer
 from compressor.schedule.registry import (
-    QUANTIZER_CLASSES,
+    RETIRED_QUANTIZERS,
     SCHEDULE_CLASSES,
     per_weight_values,
     section_of,
@@ -38,6 +40,8 @@ __all__ = ["load_schedule", "read_schedule", "build_scheduler", "SECTIONS"]
 LOG = logging.getLogger("compressor")
 
 SECTIONS = ("pruners", "regularizers", "quantizers", "lr_schedulers", "extensions")
+# quantizers first: they wrap the model's modules, and the other sections name its parameters
+BUILD_ORDER = ("quantizers", "pruners", "regularizers", "lr_schedulers", "extensions")
 POLICY_KINDS = {"pruner": "pruners", "regularizer": "regularizers", "quantizer": "quantizers",
                 "lr_scheduler": "lr_schedulers", "extension": "extensions"}
 PRUNING_ARGS = tuple(PruningOptions.__dataclass_fields__)
@@ -128,8 +132,9 @@ def build_scheduler(doc: Any, model: nn.Module, optimizer: torch.optim.Optimizer
     if version != 1:
         top.fail(f"version {shown(version)} is not supported", "write 'version: 1'")
     resolver = ParamResolver(model)
+    fresh_quantizer = False
     instances: dict[str, tuple[str, str, Any]] = {}  # name -> (section, class, object)
-    for section in SECTIONS:
+    for section in BUILD_ORDER:
         entries = top.raw(section, None) or {}
         if not isinstance(entries, Mapping):
             top.fail(f"'{section}' must be a mapping of instance names",
@@ -137,12 +142,20 @@ def build_scheduler(doc: Any, model: nn.Module, optimizer: torch.optim.Optimizer
         for name, entry in entries.items():
             instances[str(name)] = (section, *_build_instance(
                 source, section, str(name), entry, resolver, optimizer))
+        if section == "quantizers" and entries:
+            quantizers = [(name, obj) for name, (sec, _, obj) in instances.items()
+                          if sec == "quantizers"]
+            fresh_quantizer = prepare_quantizer(top, quantizers, model, optimizer)
+            resolver = ParamResolver(model)  # the wrapped model's parameter names
     policies_doc = top.raw("policies", None) or []
     top.finish()
     if not isinstance(policies_doc, list):
         top.fail("'policies' must be a list", "write each policy as a '- pruner: ...' item")
     policies = [_build_policy(source, i, item, instances, resolver)
                 for i, item in enumerate(policies_doc)]
+    for policy in policies:  # fake quantization starts with the policy's first epoch
+        if fresh_quantizer and isinstance(policy, QuantizationPolicy):
+            policy.quantizer.set_enabled(model, min(policy.window.epochs) == 0)
     used = {policy.instance_name for policy in policies}
     for name in instances:
         if name not in used:
@@ -161,9 +174,10 @@ def _build_instance(source: str, section: str, name: str, entry: Any,
     if not isinstance(class_name, str):
         reader.fail(f"'class' is {shown(class_name)}", "write a class name such as "
                                                       "AutomatedGradualPruner")
-    if section == "quantizers" or class_name in QUANTIZER_CLASSES:
-        reader.fail(f"class {shown(class_name)} is not implemented yet (quantization)",
-                    "remove the quantizers section and its policies to run the rest")
+    if class_name in RETIRED_QUANTIZERS:
+        reader.fail(f"class {shown(class_name)} was retired in Distiller 0.3 and is not "
+                    "supported", "use QuantAwareTrainRangeLinearQuantizer (training) or "
+                    "PostTrainLinearQuantizer with -e --qe-config-file")
     owner = section_of(class_name)
     if owner is None:
         close = difflib.get_close_matches(class_name[:200], list(SCHEDULE_CLASSES), n=1)
@@ -259,9 +273,6 @@ def _build_policy(source: str, index: int, item: Any,
     reader = EntryReader(source, f"policies[{index}]", item)
     kind = _policy_kind(reader)
     ref = EntryReader(source, f"policies[{index}].{kind}", reader.raw(kind))
-    if kind == "quantizer":
-        ref.fail("quantization policies are not implemented yet",
-                 "remove the quantizer policy and the quantizers section to run the rest")
     name = ref.raw("instance_name")
     if isinstance(name, bool) or not isinstance(name, (str, int)):
         ref.fail(f"'instance_name' is {shown(name)}", "write the name of a defined instance")
@@ -288,6 +299,8 @@ def _build_policy(source: str, index: int, item: Any,
         args.finish()
         return RegularizationPolicy(obj, window, keep)
     args.finish()
+    if kind == "quantizer":
+        return QuantizationPolicy(name, obj, window)
     if kind == "lr_scheduler":
         return LRPolicy(name, obj, window)
     return ExtensionPolicy(name, obj, window)

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from compressor.schedule.scheduler import CompressionScheduler
 
 __all__ = ["Window", "PruningOptions", "Policy", "PruningPolicy", "RegularizationPolicy",
-           "LRPolicy", "ExtensionPolicy"]
+           "LRPolicy", "ExtensionPolicy", "QuantizationPolicy"]
 
 
 @dataclass(frozen=True)
@@ -278,3 +278,18 @@ class ExtensionPolicy(Policy):
         sched.apply_masks()
         self.extension.apply(sched.model, sched.optimizer)
         sched.parameters_replaced()
+
+
+class QuantizationPolicy(Policy):
+    """Quantization-aware training: the quantizer's fake quantization is on from the window's
+    first epoch (and stays on); its state lives in the model's buffers, so resumes are exact."""
+
+    kind = "quantizer"
+
+    def __init__(self, instance_name: str, quantizer: Any, window: Window) -> None:
+        super().__init__(instance_name, window)
+        self.quantizer = quantizer
+
+    def on_epoch_begin(self, sched: CompressionScheduler, epoch: int) -> None:
+        """Turn fake quantization on (from the first active epoch on)."""
+        self.quantizer.set_enabled(sched.model, True)

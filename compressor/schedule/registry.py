@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from compressor.errors import ScheduleError
 from compressor.pruning import (
     ActivationAPoZRankedFilterPruner,
     AutomatedGradualPruner,
@@ -28,15 +29,19 @@ from compressor.regularization import (
 )
 from compressor.schedule.config import EntryReader, ParamResolver, shown
 
-__all__ = ["SCHEDULE_CLASSES", "QUANTIZER_CLASSES", "Builder", "section_of", "per_weight_values"]
+__all__ = ["SCHEDULE_CLASSES", "QUANTIZER_CLASSES", "RETIRED_QUANTIZERS", "Builder", "section_of",
+           "per_weight_values"]
 
 Builder = Callable[[str, EntryReader, ParamResolver], Any]
 
-# Distiller's quantizers: recognised so that the refusal names them, not implemented yet.
-QUANTIZER_CLASSES = frozenset({
-    "PostTrainLinearQuantizer", "QuantAwareTrainRangeLinearQuantizer", "DorefaQuantizer",
-    "WRPNQuantizer", "PACTQuantizer", "ClippedLinearQuantizer", "SymmetricLinearQuantizer",
-    "RangeLinearQuantizer"})
+# Distiller's quantizers of a training schedule (quantization-aware training) ...
+QAT_QUANTIZERS = ("QuantAwareTrainRangeLinearQuantizer", "DorefaQuantizer", "PACTQuantizer",
+                  "WRPNQuantizer")
+# ... and those Distiller 0.3 retired (recognised, so that the refusal names them)
+RETIRED_QUANTIZERS = frozenset({"ClippedLinearQuantizer", "SymmetricLinearQuantizer",
+                                "RangeLinearQuantizer"})
+QUANTIZER_CLASSES = frozenset({"PostTrainLinearQuantizer", *QAT_QUANTIZERS,
+                               *RETIRED_QUANTIZERS})
 
 
 def _weights(reader: EntryReader, resolver: ParamResolver, group_type: str | None = None,
@@ -193,6 +198,23 @@ def _thinner(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
     return StructureRemover(name, func)
 
 
+def _qat_quantizer(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    from compressor.quantization.errors import QuantizationError
+    from compressor.quantization.qat_build import build_qat_quantizer
+
+    class_name = reader.raw("class")
+    args = {str(key): reader.raw(str(key)) for key in list(reader.mapping) if key != "class"}
+    try:
+        return build_qat_quantizer(class_name, args, f"{reader.source}: {reader.where}")
+    except QuantizationError as exc:  # it names the file, the entry, the key and the fix
+        raise ScheduleError(str(exc)) from None
+
+
+def _post_train_quantizer(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
+    reader.fail("PostTrainLinearQuantizer quantizes a trained model, not a training schedule",
+                "evaluate with it instead: -e --quantize-eval --qe-config-file THIS_FILE")
+
+
 # class name -> (section, builder); LR schedulers are built by the loader (it holds the optimizer)
 SCHEDULE_CLASSES: Mapping[str, tuple[str, Builder | None]] = MappingProxyType({
     "AutomatedGradualPruner": ("pruners", _agp),
@@ -221,10 +243,12 @@ SCHEDULE_CLASSES: Mapping[str, tuple[str, Builder | None]] = MappingProxyType({
     "FilterRemover": ("extensions", _thinner),
     "ChannelRemover": ("extensions", _thinner),
     "StructureRemover": ("extensions", _thinner),
+    "PostTrainLinearQuantizer": ("quantizers", _post_train_quantizer),
+    **{class_name: ("quantizers", _qat_quantizer) for class_name in QAT_QUANTIZERS},
 })
 
 
 def section_of(class_name: str) -> str | None:
     """The schedule section a class belongs in, or None for an unknown class."""
     entry = SCHEDULE_CLASSES.get(class_name)
-    return entry[0] if entry else ("quantizers" if class_name in QUANTIZER_CLASSES else None)
+    return entry[0] if entry else ("quantizers" if class_name in RETIRED_QUANTIZERS else None)

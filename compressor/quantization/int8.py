@@ -1,0 +1,283 @@
+"""Real int8 inference from a simulated post-training-quantized model (--qe-convert-pytorch).
+
+Each wrapper becomes torch.ao quantized modules computing in int8 with the same integers and
+scales as the simulation: conv / linear (with a fused ReLU: ConvReLU / LinearReLU), element-wise
+ops as QFunctional, activations requantized to their own parameters. Distiller's parameters are
+converted with `torch_qparams` (its scale is torch's reciprocal, its zero point torch's negation);
+8-bit activations become quint8 (signed modes shifted by 128) and weights qint8 (unsigned modes
+shifted by -128). An input is quantized on entry unless it already arrives quantized with the
+same parameters (Distiller's ConditionalQuantize); other modules dequantize on entry, and the
+model's output is dequantized.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.ao.nn.intrinsic.quantized as nniq
+import torch.ao.nn.quantized as nnq
+from torch import Tensor, nn
+
+from compressor.models.eltwise import Concat, EltwiseAdd, EltwiseMult
+from compressor.quantization.errors import QuantizationError, unknown_choice
+from compressor.quantization.range_linear import (
+    LinearQuantMode,
+    quantize,
+    quantize_bias,
+    torch_qparams,
+)
+from compressor.quantization.wrappers import (
+    ActivationWrapper,
+    EltwiseWrapper,
+    ParamLayerWrapper,
+    QuantWrapper,
+    TensorQuant,
+)
+
+__all__ = ["INT8_BACKENDS", "check_convertible", "convert_to_int8", "Int8Model"]
+
+INT8_BACKENDS = ("x86", "fbgemm", "qnnpack")
+# modules that run on quantized tensors as they are
+_QUANTIZED_SAFE = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool2d, nn.AvgPool3d,
+                   nn.AdaptiveAvgPool2d, nn.AdaptiveAvgPool3d, nn.Flatten, nn.Dropout,
+                   nn.Identity, nn.ReLU)
+_CONV = {nn.Conv1d: (nnq.Conv1d, nniq.ConvReLU1d), nn.Conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
+         nn.Conv3d: (nnq.Conv3d, nniq.ConvReLU3d)}
+TorchQParams = tuple[float, int]
+
+
+def _refuse(name: str, problem: str) -> QuantizationError:
+    """The error of a layer that cannot run in int8."""
+    return QuantizationError(f"--qe-convert-pytorch needs 8-bit static quantization everywhere, "
+                             f"but layer '{name}' {problem}; widths 4/8 stay simulated, so "
+                             "quantize with 8 bits and statistics or drop --qe-convert-pytorch")
+
+
+def check_convertible(model: nn.Module) -> None:
+    """Raise a QuantizationError unless every wrapper is static and 8 bits wide."""
+    wrappers = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantWrapper)]
+    if not wrappers:
+        raise QuantizationError("--qe-convert-pytorch needs a post-training-quantized model; "
+                                "quantize it first (--quantize-eval)")
+    for name, wrapper in wrappers:
+        if wrapper.dynamic:
+            raise _refuse(name, "uses dynamic ranges (--qe-dynamic)")
+        specs = [("output", wrapper.output)]
+        if not isinstance(wrapper, ActivationWrapper):
+            specs += [(f"input {i}", s) for i, s in enumerate(wrapper.inputs)]
+        for what, spec in specs:
+            if spec is None or spec.bits != 8:
+                width = "float" if spec is None else f"{spec.bits} bits"
+                raise _refuse(name, f"has its {what} in {width}")
+        if isinstance(wrapper, ParamLayerWrapper):
+            weight = wrapper.weight_quant
+            if weight is None or weight.bits != 8:
+                width = "float" if weight is None else f"{weight.bits} bits"
+                raise _refuse(name, f"has its weights in {width}")
+
+
+def _act_qparams(scale: Tensor, zero_point: Tensor, spec: TensorQuant) -> TorchQParams:
+    """torch's quint8 (scale, zero_point) of Distiller's activation parameters."""
+    torch_scale, torch_zero = torch_qparams(scale, zero_point)
+    shift = 128 if spec.mode.signed else 0
+    return float(torch_scale), int(torch_zero) + shift
+
+
+def _quantize_to(x: Tensor, qparams: TorchQParams | None) -> Tensor:
+    """x as quint8 with `qparams` (float when None), requantizing only when they differ."""
+    if qparams is None:
+        return x.dequantize() if x.is_quantized else x
+    scale, zero_point = qparams
+    if x.is_quantized:
+        if x.q_scale() == scale and x.q_zero_point() == zero_point:
+            return x
+        x = x.dequantize()
+    return torch.quantize_per_tensor(x, scale, zero_point, torch.quint8)
+
+
+class _Int8Module(nn.Module):
+    """Quantizes (or dequantizes) each input as needed, then runs an int8 op."""
+
+    def __init__(self, op: nn.Module, inputs: Sequence[TorchQParams | None],
+                 output: TorchQParams | None = None, kind: str = "param") -> None:
+        super().__init__()
+        self.op, self.inputs, self.output, self.kind = op, tuple(inputs), output, kind
+
+    def forward(self, *xs: Tensor) -> Tensor:
+        """op of the entry-quantized inputs."""
+        ready = [_quantize_to(x, self.inputs[i] if i < len(self.inputs) else self.inputs[-1])
+                 for i, x in enumerate(xs)]
+        if self.kind == "activation":
+            # the activation in float, requantized to its own output parameters
+            assert self.output is not None
+            return _quantize_to(self.op(ready[0].dequantize()), self.output)
+        if self.kind == "add":
+            result = ready[0]
+            for other in ready[1:]:
+                result = self.op.add(result, other)
+            return result
+        if self.kind == "mul":
+            result = ready[0]
+            for other in ready[1:]:
+                result = self.op.mul(result, other)
+            return result
+        if self.kind == "cat":
+            return self.op.cat(ready, dim=self.cat_dim)
+        return self.op(*ready)
+
+    def extra_repr(self) -> str:
+        """The entry quantization."""
+        return f"kind={self.kind}, inputs={list(self.inputs)}"
+
+
+class _Dequantized(nn.Module):
+    """A float module whose quantized inputs are dequantized on entry."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: Any) -> Any:
+        """module(float args)."""
+        return self.module(*[a.dequantize() if isinstance(a, Tensor) and a.is_quantized else a
+                             for a in args])
+
+
+class Int8Model(nn.Module):
+    """The converted model; dequantizes what it returns."""
+
+    def __init__(self, model: nn.Module, backend: str) -> None:
+        super().__init__()
+        self.model, self.backend = model, backend
+
+    def forward(self, x: Tensor) -> Any:
+        """The float output of the int8 model."""
+        with _quiet_deprecation():
+            out = self.model(x)
+        if isinstance(out, (tuple, list)):
+            return type(out)(o.dequantize() if isinstance(o, Tensor) else o for o in out)
+        return out.dequantize() if isinstance(out, Tensor) else out
+
+
+def _qweight(wrapper: ParamLayerWrapper) -> Tensor:
+    """The qint8 weight holding the simulation's integers."""
+    spec = wrapper.weight_quant
+    assert spec is not None
+    weight = wrapper.wrapped.weight.detach().float()
+    ints = quantize(weight, wrapper.weight_scale, wrapper.weight_zero_point, spec.bits, spec.mode)
+    scale, zero_point = torch_qparams(wrapper.weight_scale, wrapper.weight_zero_point)
+    if spec.mode is LinearQuantMode.ASYMMETRIC_UNSIGNED:
+        ints, zero_point = ints - 128, zero_point - 128
+    ints = ints.to(torch.int8)
+    if spec.per_channel:
+        return torch._make_per_channel_quantized_tensor(
+            ints, scale.reshape(-1).double(), zero_point.reshape(-1), 0)
+    return torch._make_per_tensor_quantized_tensor(ints, float(scale), int(zero_point))
+
+
+def _grid_bias(wrapper: ParamLayerWrapper) -> Tensor:
+    """The bias on the accumulator's grid, as the simulation adds it (the x86 kernels add a float
+    bias unrounded)."""
+    bias = wrapper.wrapped.bias.detach().float()
+    if wrapper.bits_bias is None:
+        return bias
+    q, scale = quantize_bias(bias, wrapper.input0_scale, wrapper.weight_scale, wrapper.bits_bias)
+    return (q.to(torch.float64) / scale.to(torch.float64)).float()
+
+
+def _convert_param(wrapper: ParamLayerWrapper) -> nn.Module:
+    """A quantized conv / linear (+ ReLU) with the wrapper's integers and scales."""
+    layer = wrapper.wrapped
+    fused_relu = type(wrapper.activation) is nn.ReLU
+    if isinstance(layer, nn.Linear):
+        cls = nniq.LinearReLU if fused_relu else nnq.Linear
+        module = cls(layer.in_features, layer.out_features)
+    else:
+        plain, with_relu = _CONV[type(layer)]
+        module = (with_relu if fused_relu else plain)(
+            layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride,
+            layer.padding, layer.dilation, layer.groups, True, layer.padding_mode)
+    bias = None if layer.bias is None else _grid_bias(wrapper)
+    module.set_weight_bias(_qweight(wrapper), bias)
+    assert wrapper.output is not None
+    module.scale, module.zero_point = _act_qparams(*wrapper.qparams("output"), wrapper.output)
+    if wrapper.activation is not None and not fused_relu:
+        return nn.Sequential(module, copy.deepcopy(wrapper.activation))  # ReLU6 on quint8
+    return module
+
+
+def _inputs(wrapper: QuantWrapper) -> list[TorchQParams | None]:
+    """torch's parameters of each input."""
+    return [None if spec is None else _act_qparams(*wrapper.qparams(f"input{i}"), spec)
+            for i, spec in enumerate(wrapper.inputs)]
+
+
+def _convert(wrapper: QuantWrapper) -> nn.Module:
+    """The int8 replacement of one wrapper."""
+    assert wrapper.output is not None
+    output = _act_qparams(*wrapper.qparams("output"), wrapper.output)
+    if isinstance(wrapper, ParamLayerWrapper):
+        return _Int8Module(_convert_param(wrapper), _inputs(wrapper))
+    if isinstance(wrapper, EltwiseWrapper):
+        functional = nnq.QFunctional()
+        functional.scale, functional.zero_point = output
+        op = wrapper.wrapped
+        kind = ("add" if isinstance(op, EltwiseAdd) else "mul" if isinstance(op, EltwiseMult)
+                else "cat")
+        module = _Int8Module(functional, _inputs(wrapper), output, kind)
+        if isinstance(op, Concat):
+            module.cat_dim = op.dim
+        return module
+    return _Int8Module(copy.deepcopy(wrapper.wrapped), [None], output, "activation")
+
+
+def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Replace the submodule called `name`."""
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, child, module)
+
+
+def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
+    """A new model computing the simulated-quantized `model` with torch's int8 kernels (CPU)."""
+    if backend not in INT8_BACKENDS:
+        raise unknown_choice("int8 backend", backend, INT8_BACKENDS)
+    if backend not in torch.backends.quantized.supported_engines:
+        raise QuantizationError(f"this PyTorch build lacks the {backend} int8 engine; use one of "
+                                f"{', '.join(torch.backends.quantized.supported_engines)}")
+    check_convertible(model)
+    torch.backends.quantized.engine = backend
+    converted = copy.deepcopy(model).cpu().eval()
+    with _quiet_deprecation():
+        for name, module in list(converted.named_modules()):
+            if not name or _inside_replaced(converted, name):
+                continue
+            if isinstance(module, QuantWrapper):
+                _set_module(converted, name, _convert(module))
+            elif not any(True for _ in module.children()) and not isinstance(
+                    module, _QUANTIZED_SAFE):
+                _set_module(converted, name, _Dequantized(module))
+    return Int8Model(converted, backend).eval()
+
+
+@contextlib.contextmanager
+def _quiet_deprecation() -> Iterator[None]:
+    """torch 2.14 warns on every quantized tensor it creates that torch.ao's quantized tensors
+    are deprecated (in favour of torchao); the kernels are what we use, the warning is noise."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+        yield
+
+
+def _inside_replaced(model: nn.Module, name: str) -> bool:
+    """Whether `name` no longer exists (it lay inside a module already replaced)."""
+    try:
+        model.get_submodule(name)
+    except AttributeError:
+        return True
+    return False

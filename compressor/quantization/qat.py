@@ -1,0 +1,532 @@
+"""Quantization-aware training (Distiller's QAT quantizers): wrappers, EMA ranges, the base class.
+
+A QAT quantizer wraps modules in place (`QATWrapper`, the wrapped module kept as `wrapped`, so
+`conv1.weight` becomes `conv1.wrapped.weight`). Each forward fake-quantizes the float "shadow"
+weights with a straight-through estimator, so the optimizer keeps updating float weights, and
+fake-quantizes the output of the module (Distiller's FakeQuantizationWrapper). Everything a
+resume needs lives in buffers and parameters: the tracked ranges, the step counts, PACT's
+clipping values and an `enabled` flag (before the policy's starting epoch the wrappers pass
+through in float). Flags are applied with `torch.where`, so a step needs no host sync.
+
+`QuantAwareTrainRangeLinearQuantizer` tracks activation ranges with Distiller's bias-corrected
+exponential moving average (Jacob et al., arXiv:1712.05877) in training and uses the tracked
+range in eval; the other methods are in `qat_methods.py`.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import numbers
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from compressor.models.description import unwrap_model
+from compressor.quantization.errors import QuantizationError, shown
+from compressor.quantization.range_linear import (
+    MAX_BITS,
+    LinearQuantizeSTE,
+    LinearQuantMode,
+    check_bits,
+    fake_quantize_ste,
+    quantized_range,
+)
+from compressor.quantization.settings import (
+    ELTWISE_LAYERS,
+    PARAM_LAYERS,
+    LayerSettings,
+    QuantSettings,
+    resolve_layers,
+)
+
+__all__ = [
+    "DEFAULT_EMA_DECAY", "INPUTS_QUANT_NAME", "update_ema", "range_qparams", "RangeTracker",
+    "FakeLinearQuantization", "LinearWeightQuant", "QATWrapper", "InputQuantizer",
+    "QATQuantizer", "QuantAwareTrainRangeLinearQuantizer", "is_qat_prepared",
+    "quantizer_parameter_names", "set_qat_enabled", "qat_to_float",
+]
+
+DEFAULT_EMA_DECAY = 0.999  # Distiller's default
+INPUTS_QUANT_NAME = "inputs_quant"  # Distiller's attribute for the model-input quantizer
+_ELTWISE_INPUTS = 2  # input ranges tracked for an element-wise module (more are not tracked)
+
+
+def update_ema(biased: Tensor, value: Tensor, decay: float, step: Tensor
+               ) -> tuple[Tensor, Tensor]:
+    """(biased EMA, bias-corrected EMA) after `value` at `step` (1-based), as Distiller."""
+    biased = biased * decay + (1 - decay) * value
+    return biased, biased / (1 - decay ** step)
+
+
+def range_qparams(low: Tensor, high: Tensor, num_bits: int, mode: LinearQuantMode
+                  ) -> tuple[Tensor, Tensor]:
+    """`quant_params` for ranges computed in a forward: the same math, no checks, no host sync."""
+    if mode.symmetric:
+        steps = (2 ** (num_bits - 1) - 1 if mode is LinearQuantMode.SYMMETRIC_RESTRICTED
+                 else (2 ** num_bits - 1) / 2)
+        saturation = torch.maximum(low.abs(), high.abs())
+        saturation = torch.where(saturation == 0, torch.full_like(saturation, steps), saturation)
+        scale = steps / saturation
+        return scale, torch.zeros_like(scale)
+    steps = 2 ** num_bits - 1
+    low, high = low.clamp(max=0), high.clamp(min=0)
+    width = high - low
+    width = torch.where(width == 0, torch.full_like(width, steps), width)
+    scale = steps / width
+    zero_point = torch.round(scale * low)
+    if mode is LinearQuantMode.ASYMMETRIC_SIGNED:
+        zero_point = zero_point + 2 ** (num_bits - 1)
+    return scale, zero_point
+
+
+class RangeTracker(nn.Module):
+    """A tensor's min / max tracked by Distiller's bias-corrected EMA (buffers: resumable)."""
+
+    def __init__(self, ema_decay: float = DEFAULT_EMA_DECAY) -> None:
+        super().__init__()
+        self.ema_decay = float(ema_decay)
+        for name in ("tracked_min_biased", "tracked_min", "tracked_max_biased", "tracked_max"):
+            self.register_buffer(name, torch.zeros(()))
+        self.register_buffer("iter_count", torch.zeros((), dtype=torch.int64))
+
+    def extra_repr(self) -> str:
+        """The decay."""
+        return f"ema_decay={self.ema_decay}"
+
+    @torch.no_grad()
+    def update(self, x: Tensor, active: Tensor) -> None:
+        """Fold the min / max of `x` into the averages when `active` (a bool tensor)."""
+        low, high = torch.aminmax(x.detach())
+        step = self.iter_count + active.to(self.iter_count.dtype)
+        # step 0 only when inactive, where the result is not used: keep the division finite
+        safe_step = step.clamp(min=1).to(self.tracked_min.dtype)
+        pairs = ((self.tracked_min_biased, self.tracked_min, low),
+                 (self.tracked_max_biased, self.tracked_max, high))
+        for biased, tracked, value in pairs:
+            new_biased, new_tracked = update_ema(biased, value.to(biased.dtype), self.ema_decay,
+                                                 safe_step)
+            biased.copy_(torch.where(active, new_biased, biased))
+            tracked.copy_(torch.where(active, new_tracked, tracked))
+        self.iter_count.copy_(step)
+
+    def range(self) -> tuple[Tensor, Tensor]:
+        """The bias-corrected (min, max)."""
+        return self.tracked_min, self.tracked_max
+
+
+class FakeLinearQuantization(nn.Module):
+    """Fake-quantize activations to their EMA-tracked range (Distiller's FakeLinearQuantization).
+
+    In training the range is updated first, then used; in eval the tracked range is used as is.
+    Values are clamped to the range (gradient 1 inside and at its ends, 0 outside) and go through
+    the straight-through estimator.
+    """
+
+    def __init__(self, num_bits: int, mode: LinearQuantMode,
+                 ema_decay: float = DEFAULT_EMA_DECAY) -> None:
+        super().__init__()
+        self.num_bits, self.mode = num_bits, mode
+        self.tracker = RangeTracker(ema_decay)
+
+    def extra_repr(self) -> str:
+        """Bits and mode."""
+        return f"num_bits={self.num_bits}, mode={self.mode.name}"
+
+    def clip_range(self) -> tuple[Tensor, Tensor]:
+        """The range values are clamped to: the tracked one, made symmetric in symmetric modes."""
+        low, high = self.tracker.range()
+        if self.mode.symmetric:
+            edge = torch.maximum(low.abs(), high.abs())
+            return -edge, edge
+        return low, high
+
+    def forward(self, x: Tensor, active: Tensor) -> Tensor:
+        """x on the grid of the tracked range (tracking only counts while `active`)."""
+        if self.training:
+            self.tracker.update(x, active)
+        low, high = self.clip_range()
+        scale, zero_point = range_qparams(low, high, self.num_bits, self.mode)
+        return fake_quantize_ste(x, scale, zero_point, self.num_bits, self.mode, (low, high))
+
+    def output_range(self) -> tuple[float, float]:
+        """The (min, max) the quantized outputs span, for statistics."""
+        low, high = self.tracker.range()
+        return float(low), float(high)
+
+
+class LinearWeightQuant(nn.Module):
+    """Range-linear fake quantization of a weight from its own range (per output channel
+    optional), straight-through gradient, as Distiller's QAT `linear_quantize_param`."""
+
+    def __init__(self, num_bits: int, mode: LinearQuantMode, per_channel: bool = False) -> None:
+        super().__init__()
+        self.num_bits, self.mode, self.per_channel = num_bits, mode, per_channel
+
+    def extra_repr(self) -> str:
+        """Bits, mode, per channel."""
+        return f"num_bits={self.num_bits}, mode={self.mode.name}, per_channel={self.per_channel}"
+
+    def qparams(self, weight: Tensor) -> tuple[Tensor, Tensor]:
+        """(scale, zero_point) of `weight`, shaped to broadcast per channel when asked."""
+        flat = weight.detach()
+        if self.per_channel and flat.dim() >= 2:
+            low, high = torch.aminmax(flat.reshape(flat.shape[0], -1), dim=1)
+            shape = (-1,) + (1,) * (flat.dim() - 1)
+            scale, zero_point = range_qparams(low, high, self.num_bits, self.mode)
+            return scale.reshape(shape), zero_point.reshape(shape)
+        low, high = torch.aminmax(flat)
+        return range_qparams(low, high, self.num_bits, self.mode)
+
+    def forward(self, weight: Tensor) -> Tensor:
+        """The fake-quantized weight."""
+        qmin, qmax = quantized_range(self.num_bits, self.mode)
+        scale, zero_point = self.qparams(weight)
+        return LinearQuantizeSTE.apply(weight, scale, zero_point, qmin, qmax, True)
+
+
+class QATWrapper(nn.Module):
+    """A module whose weight / bias / output are fake-quantized while `enabled`.
+
+    Also tracks the range of its first inputs and, when its output is not quantized, of its
+    output, so that `qat_to_float` can give the post-training quantizer statistics.
+    """
+
+    def __init__(self, wrapped: nn.Module, weight_quant: nn.Module | None = None,
+                 bias_quant: nn.Module | None = None, output_quant: nn.Module | None = None,
+                 num_inputs: int = 1, ema_decay: float = DEFAULT_EMA_DECAY) -> None:
+        super().__init__()
+        self.wrapped = wrapped  # first child: the original parameters keep their order
+        self.weight_quant, self.bias_quant, self.output_quant = (weight_quant, bias_quant,
+                                                                 output_quant)
+        self.input_ranges = nn.ModuleList(RangeTracker(ema_decay) for _ in range(num_inputs))
+        self.output_range = RangeTracker(ema_decay) if output_quant is None else None
+        self.register_buffer("enabled", torch.ones((), dtype=torch.bool))
+
+    def signature(self) -> str:
+        """What the wrapper does, to compare with a plan (parameters' values left out)."""
+        parts = [f"{name}={module!r}" for name, module in (
+            ("weight", self.weight_quant), ("bias", self.bias_quant),
+            ("output", self.output_quant)) if module is not None]
+        return f"{type(self.wrapped).__name__}({', '.join(parts)}, inputs={len(self.input_ranges)})"
+
+    def effective_params(self) -> dict[str, Tensor]:
+        """The weight and bias the forward uses (fake-quantized while enabled)."""
+        params: dict[str, Tensor] = {}
+        for name, quant in (("weight", self.weight_quant), ("bias", self.bias_quant)):
+            value = getattr(self.wrapped, name, None)
+            if quant is not None and isinstance(value, Tensor):
+                params[name] = torch.where(self.enabled, quant(value), value)
+        return params
+
+    def forward(self, *inputs: Any) -> Any:
+        """The wrapped module on fake-quantized parameters, its output fake-quantized."""
+        active = self.enabled
+        if self.training:
+            # measured before the module runs: in-place modules overwrite their input
+            for tracker, value in zip(self.input_ranges, inputs, strict=False):
+                if isinstance(value, Tensor) and value.is_floating_point() and value.numel():
+                    tracker.update(value, active)
+        params = self.effective_params()
+        out = functional_call(self.wrapped, params, inputs) if params else self.wrapped(*inputs)
+        if self.output_quant is not None:
+            return torch.where(active, self.output_quant(out, active), out)
+        if self.training and self.output_range is not None and out.numel():
+            self.output_range.update(out, active)
+        return out
+
+
+class InputQuantizer(nn.Module):
+    """Fake-quantizes the model's input (Distiller's `inputs_quant`), as a forward pre-hook."""
+
+    def __init__(self, quant: FakeLinearQuantization) -> None:
+        super().__init__()
+        self.quant = quant
+        self.register_buffer("enabled", torch.ones((), dtype=torch.bool))
+
+    def pre_hook(self, _: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The model's arguments with the first one fake-quantized."""
+        if not args or not isinstance(args[0], Tensor) or not args[0].is_floating_point():
+            return None
+        x = args[0]
+        return (torch.where(self.enabled, self.quant(x, self.enabled), x), *args[1:])
+
+
+def _is_input_hook(hook: Any, model: nn.Module) -> bool:
+    """Whether a pre-hook is the input quantizer's of `model`."""
+    owner = getattr(hook, "__self__", None)
+    return isinstance(owner, InputQuantizer) and owner is getattr(model, INPUTS_QUANT_NAME, None)
+
+
+def _input_hooks(model: nn.Module) -> list[int]:
+    """The ids of `model`'s input-quantizer hooks (torch keeps no public registry of hooks)."""
+    return [key for key, hook in model._forward_pre_hooks.items() if _is_input_hook(hook, model)]
+
+
+def _wrappers(model: nn.Module) -> dict[str, QATWrapper]:
+    """The QAT wrappers of a model, by name."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, QATWrapper)}
+
+
+def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Replace the submodule called `name`."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def is_qat_prepared(model: nn.Module) -> bool:
+    """Whether a QAT quantizer has wrapped modules of `model`."""
+    target = unwrap_model(model)
+    return bool(_wrappers(target)) or isinstance(getattr(target, INPUTS_QUANT_NAME, None),
+                                                 InputQuantizer)
+
+
+def quantizer_parameter_names(model: nn.Module) -> set[str]:
+    """The names of the parameters a QAT quantizer added (PACT's clipping values)."""
+    names = set()
+    for name, module in unwrap_model(model).named_modules():
+        if isinstance(module, (QATWrapper, InputQuantizer)):
+            for child_name, child in module.named_children():
+                if child_name == "wrapped":
+                    continue
+                prefix = f"{name}.{child_name}" if name else child_name
+                names.update(f"{prefix}.{p}" for p, _ in child.named_parameters())
+    return names
+
+
+def set_qat_enabled(model: nn.Module, enabled: bool) -> None:
+    """Turn fake quantization (and range tracking) on or off; the flag is a buffer."""
+    for module in unwrap_model(model).modules():
+        if isinstance(module, (QATWrapper, InputQuantizer)):
+            module.enabled.fill_(bool(enabled))
+
+
+class QATQuantizer:
+    """Base of Distiller's QAT quantizers: plan the wrappers from settings, wrap, describe.
+
+    Subclasses give `weight_quant` (the parameters' fake quantization) and `output_quant`
+    (activations); `bits_bias` > 16 (Distiller's default 32) keeps the bias in float.
+    """
+
+    class_name: ClassVar[str] = ""
+    # the YAML keys this class reads besides its settings, and the settings keys it accepts
+    extra_keys: ClassVar[tuple[str, ...]] = ()
+    settings_keys: ClassVar[tuple[str, ...]] = ("bits_activations", "bits_weights",
+                                                "bits_parameters", "bits_bias", "overrides")
+    override_keys: ClassVar[tuple[str, ...]] = ("bits_activations", "bits_weights",
+                                                "bits_parameters", "bits_bias")
+
+    def __init__(self, settings: QuantSettings) -> None:
+        self.settings = settings
+
+    # --- what subclasses define
+    def extra_args(self) -> dict[str, Any]:
+        """The class's own arguments as plain data (for the recipe)."""
+        return {}
+
+    def weight_quant(self, num_bits: int, layer: LayerSettings) -> nn.Module:
+        """The fake quantization of a weight (and a bias) at `num_bits`."""
+        raise NotImplementedError
+
+    def output_quant(self, module: nn.Module, layer: LayerSettings) -> nn.Module | None:
+        """The fake quantization of the module's output, None to leave it in float."""
+        raise NotImplementedError
+
+    def input_quant(self) -> FakeLinearQuantization | None:
+        """The fake quantization of the model's input, None to leave it in float."""
+        return None
+
+    def tracker_decay(self) -> float:
+        """The EMA decay of the statistics-only ranges."""
+        return DEFAULT_EMA_DECAY
+
+    def param_groups(self, model: nn.Module) -> list[dict[str, Any]]:
+        """The optimizer groups of the parameters the quantizer added."""
+        return []
+
+    # --- the life cycle
+    def recipe(self) -> dict[str, Any]:
+        """Plain data that `qat_from_recipe` rebuilds this quantizer from."""
+        return {"class": self.class_name, "settings": self.settings.to_recipe(),
+                "args": self.extra_args()}
+
+    def set_enabled(self, model: nn.Module, enabled: bool) -> None:
+        """Turn fake quantization on (from the policy's starting epoch) or off (float)."""
+        set_qat_enabled(model, enabled)
+
+    def plan(self, model: nn.Module) -> dict[str, QATWrapper]:
+        """The wrappers this quantizer puts on a float model, by module name."""
+        planned = {}
+        for name, layer in resolve_layers(model, self.settings).items():
+            module = model.get_submodule(name)
+            weight_quant = bias_quant = None
+            if isinstance(module, PARAM_LAYERS):
+                if layer.bits_weights is not None:
+                    weight_quant = self.weight_quant(layer.bits_weights, layer)
+                if (layer.bits_bias is not None and layer.bits_bias <= MAX_BITS
+                        and isinstance(getattr(module, "bias", None), Tensor)):
+                    bias_quant = self.weight_quant(layer.bits_bias, layer)
+            output_quant = (self.output_quant(module, layer)
+                            if layer.bits_activations is not None else None)
+            if weight_quant is None and bias_quant is None and output_quant is None:
+                continue
+            inputs = _ELTWISE_INPUTS if isinstance(module, ELTWISE_LAYERS) else 1
+            planned[name] = QATWrapper(module, weight_quant, bias_quant, output_quant, inputs,
+                                       self.tracker_decay())
+        return planned
+
+    def prepare(self, model: nn.Module) -> list[dict[str, Any]]:
+        """Wrap the modules in place; the optimizer groups of the new parameters.
+
+        On a model already prepared with the same recipe nothing is wrapped again.
+        """
+        target = unwrap_model(model)
+        existing = _wrappers(target)
+        if existing or isinstance(getattr(target, INPUTS_QUANT_NAME, None), InputQuantizer):
+            self._check_prepared(target, existing)
+        else:
+            if hasattr(target, INPUTS_QUANT_NAME):
+                raise QuantizationError(f"the model already has an attribute "
+                                        f"'{INPUTS_QUANT_NAME}'; rename it before QAT")
+            for name, wrapper in self.plan(target).items():
+                _set_child(target, name, wrapper)
+            quant = self.input_quant()
+            if quant is not None:
+                setattr(target, INPUTS_QUANT_NAME, InputQuantizer(quant))
+                target.register_forward_pre_hook(getattr(target, INPUTS_QUANT_NAME).pre_hook)
+        return self.param_groups(target)
+
+    def _check_prepared(self, model: nn.Module, existing: Mapping[str, QATWrapper]) -> None:
+        """Refuse a model prepared with another recipe; re-attach a lost input hook."""
+        for name, wrapper in existing.items():  # plan on the unwrapped structure
+            _set_child(model, name, wrapper.wrapped)
+        try:
+            planned = self.plan(model)
+        finally:
+            for name, wrapper in existing.items():
+                _set_child(model, name, wrapper)
+        wanted = {name: w.signature() for name, w in planned.items()}
+        have = {name: w.signature() for name, w in existing.items()}
+        has_input = isinstance(getattr(model, INPUTS_QUANT_NAME, None), InputQuantizer)
+        wants_input = self.input_quant() is not None
+        if wanted != have or has_input != wants_input:
+            differ = sorted(set(wanted.items()) ^ set(have.items()))
+            where = differ[0][0] if differ else INPUTS_QUANT_NAME
+            raise QuantizationError(
+                f"the model is already prepared for QAT differently from this {self.class_name} "
+                f"(first difference at '{where}'); build the model again from float weights or "
+                "use the recipe it was prepared with")
+        if has_input and not _input_hooks(model):
+            model.register_forward_pre_hook(getattr(model, INPUTS_QUANT_NAME).pre_hook)
+
+
+class QuantAwareTrainRangeLinearQuantizer(QATQuantizer):
+    """Distiller's range-linear QAT: weights from their own range, activations from EMA ranges.
+
+    Outputs of ReLU-family, element-wise and parameter layers with bits_activations are
+    fake-quantized (what the post-training quantizer quantizes); the model input too when
+    quantize_inputs (at num_bits_inputs, default bits_activations).
+    """
+
+    class_name = "QuantAwareTrainRangeLinearQuantizer"
+    extra_keys = ("ema_decay", "num_bits_inputs")
+    settings_keys = (*QATQuantizer.settings_keys, "mode", "per_channel_wts", "quantize_inputs")
+    override_keys = (*QATQuantizer.override_keys, "mode", "per_channel_wts")
+
+    def __init__(self, settings: QuantSettings, ema_decay: float = DEFAULT_EMA_DECAY,
+                 num_bits_inputs: int | None = None) -> None:
+        super().__init__(settings)
+        if (isinstance(ema_decay, bool) or not isinstance(ema_decay, numbers.Real)
+                or not 0 < ema_decay < 1):
+            raise QuantizationError(f"ema_decay must be a number in (0, 1), got "
+                                    f"{shown(ema_decay)}; use e.g. 0.999")
+        self.ema_decay = float(ema_decay)
+        self.num_bits_inputs = (None if num_bits_inputs is None
+                                else check_bits(num_bits_inputs, "num_bits_inputs"))
+
+    def extra_args(self) -> dict[str, Any]:
+        """ema_decay and num_bits_inputs."""
+        return {"ema_decay": self.ema_decay, "num_bits_inputs": self.num_bits_inputs}
+
+    def weight_quant(self, num_bits: int, layer: LayerSettings) -> nn.Module:
+        """Range-linear from the tensor's own range."""
+        return LinearWeightQuant(num_bits, layer.mode.weights, layer.per_channel_wts)
+
+    def output_quant(self, module: nn.Module, layer: LayerSettings) -> nn.Module | None:
+        """EMA-tracked range-linear fake quantization."""
+        return FakeLinearQuantization(layer.bits_activations or 8, layer.mode.activations,
+                                      self.ema_decay)
+
+    def input_quant(self) -> FakeLinearQuantization | None:
+        """The model input at num_bits_inputs (default bits_activations)."""
+        bits = self.num_bits_inputs or self.settings.bits_activations
+        if not self.settings.quantize_inputs or bits is None:
+            return None
+        return FakeLinearQuantization(bits, self.settings.mode.activations, self.ema_decay)
+
+    def tracker_decay(self) -> float:
+        """The quantizer's own decay."""
+        return self.ema_decay
+
+
+def _record(low: float, high: float) -> dict[str, float]:
+    """A statistics record from a range alone: mean, std and b of a uniform distribution."""
+    width = high - low
+    return {"min": low, "max": high, "avg_min": low, "avg_max": high, "mean": (low + high) / 2,
+            "std": width / math.sqrt(12), "b": width / 4}
+
+
+def _tracked(tracker: RangeTracker) -> dict[str, float] | None:
+    """The record of a tracker that has seen data."""
+    if int(tracker.iter_count) == 0:
+        return None
+    low, high = tracker.range()
+    return _record(float(low), float(high))
+
+
+def _layer_stats(wrapper: QATWrapper) -> dict[str, Any] | None:
+    """Distiller-format statistics of one wrapped module from its tracked ranges."""
+    inputs = {i: r for i, r in enumerate(_tracked(t) for t in wrapper.input_ranges)
+              if r is not None}
+    quant = wrapper.output_quant
+    if quant is None:
+        output = _tracked(wrapper.output_range) if wrapper.output_range is not None else None
+    elif isinstance(quant, FakeLinearQuantization):
+        output = _tracked(quant.tracker)
+    else:
+        output = _record(*quant.output_range())
+    if output is None:
+        return None
+    return {"inputs": inputs, "output": output}
+
+
+@torch.no_grad()
+def qat_to_float(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
+    """A float copy of a QAT model with its effective weights, and statistics of its ranges.
+
+    The copy is the plain model (original module names and classes) whose weights and biases
+    are the fake-quantized ones the QAT model computes with; the statistics (Distiller's
+    format, keyed by the original names) hold the tracked ranges as min / max / avg_min /
+    avg_max, and mean, std and b of a uniform distribution over them (a best effort).
+    """
+    source = unwrap_model(model)
+    if not is_qat_prepared(source):
+        raise QuantizationError("the model is not prepared for quantization-aware training; "
+                                "give a model trained with a QAT quantizer")
+    plain = copy.deepcopy(source)
+    stats: dict[str, Any] = {}
+    for name, wrapper in _wrappers(plain).items():
+        for param_name, value in wrapper.effective_params().items():
+            getattr(wrapper.wrapped, param_name).copy_(value)
+        layer = _layer_stats(wrapper)
+        if layer is not None:
+            stats[name] = layer
+        _set_child(plain, name, wrapper.wrapped)
+    for key in _input_hooks(plain):
+        del plain._forward_pre_hooks[key]
+    if isinstance(getattr(plain, INPUTS_QUANT_NAME, None), InputQuantizer):
+        delattr(plain, INPUTS_QUANT_NAME)
+    return plain, stats

@@ -1,0 +1,311 @@
+"""Post-training quantization of a loaded model (-e --qe ...): settings, statistics, convert, save.
+
+`prepare_quantized_model` turns the evaluated model into its quantized form (simulated, or real
+int8 kernels with --qe-convert-pytorch) and returns it with the facts results.json reports; the
+quantization recipe is recorded in the model's description, so `quantized_checkpoint.pth.tar`
+rebuilds the same model with nothing else given.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+from torch.utils.data import Dataset
+
+from compressor.checkpoint import assemble_checkpoint, save_checkpoint
+from compressor.config import LoaderConfig, QuantizeConfig
+from compressor.models.description import ModelDescription, describe, description_of
+from compressor.quantization.errors import QuantizationError
+from compressor.run_setup import RunSetup
+from compressor.transforms import QUANTIZATION, attach_stored_form, record_transform
+
+__all__ = ["QuantizedModel", "QUANTIZED_CHECKPOINT", "DEFAULT_CALIBRATION", "cli_settings",
+           "config_file_settings", "calibrate", "prepare_quantized_model", "quantization_facts",
+           "quantized_checkpoint_path", "run_quantization", "check_quantization"]
+
+LOG = logging.getLogger("compressor")
+
+QUANTIZED_CHECKPOINT = "quantized_checkpoint.pth.tar"
+DEFAULT_CALIBRATION = 0.05  # Distiller's: statistics on 5% of the test set when none are given
+_MODE_NAMES = {"sym": "SYMMETRIC", "sym_restr": "SYMMETRIC_RESTRICTED",
+               "asym_u": "ASYMMETRIC_UNSIGNED", "asym_s": "ASYMMETRIC_SIGNED"}
+
+
+@dataclass
+class QuantizedModel:
+    """The quantized model as evaluated, the simulated one a checkpoint stores, and facts."""
+
+    evaluated: nn.Module
+    simulated: nn.Module | None  # None: the loaded checkpoint already was this model
+    facts: dict[str, Any] = field(default_factory=dict)
+
+
+def _bits(value: int) -> int | None:
+    return value or None  # Distiller: 0 bits keep the tensor in float
+
+
+def cli_settings(config: QuantizeConfig) -> Any:
+    """QuantSettings from the --qe-* flags (with --qencl / --qenql as exact-name overrides)."""
+    from compressor.quantization.settings import settings_from_args, with_layer_overrides
+
+    args: dict[str, Any] = {
+        "bits_activations": _bits(config.bits_acts), "bits_weights": _bits(config.bits_wts),
+        "bits_accum": config.bits_accum,
+        "mode": {"activations": _MODE_NAMES[config.mode_acts],
+                 "weights": _MODE_NAMES[config.mode_wts]},
+        "clip_acts": config.clip_acts.upper(), "per_channel_wts": config.per_channel}
+    if config.clip_n_stds is not None:
+        args["clip_n_stds"] = config.clip_n_stds
+    settings = settings_from_args(args, "the --qe-* flags")
+    return with_layer_overrides(settings, no_quant=config.no_quant_layers,
+                                no_clip=config.no_clip_layers)
+
+
+def _resolve_stats_path(raw: Any, config_file: Path) -> Path:
+    """Distiller's model_activation_stats: as given (relative to the working directory), else
+    relative to the YAML's directory or one of its parents (Distiller's examples)."""
+    if not isinstance(raw, str) or not raw:
+        raise QuantizationError(f"{config_file}: model_activation_stats is {raw!r}, not a path; "
+                                "write the path of a Distiller stats YAML")
+    path = Path(raw)
+    candidates = [path] if path.is_absolute() else [
+        path, *(parent / path for parent in config_file.resolve().parents)]
+    found = next((candidate for candidate in candidates if candidate.is_file()), None)
+    if found is None:
+        raise QuantizationError(f"{config_file}: model_activation_stats {raw} not found (looked "
+                                "in the working directory and beside the YAML); fix the path")
+    return found
+
+
+def config_file_settings(path: Path) -> tuple[Any, Path | None]:
+    """(QuantSettings, stats path or None) of a --qe-config-file YAML's PostTrainLinearQuantizer."""
+    from compressor.quantization.settings import settings_from_args
+    from compressor.schedule.loader import read_schedule
+
+    doc = read_schedule(path)
+    quantizers = doc.get("quantizers")
+    if not isinstance(quantizers, Mapping) or len(quantizers) != 1:
+        raise QuantizationError(f"{path}: a --qe-config-file holds one quantizer under "
+                                "'quantizers:' (a PostTrainLinearQuantizer); fix the file")
+    (name, entry), = quantizers.items()
+    if not isinstance(entry, Mapping) or entry.get("class") != "PostTrainLinearQuantizer":
+        found = entry.get("class") if isinstance(entry, Mapping) else entry
+        raise QuantizationError(f"{path}: quantizers.{name} is {found!r}, not a "
+                                "PostTrainLinearQuantizer; train quantization-aware schedules "
+                                "with --compress instead")
+    args = {key: value for key, value in entry.items() if key != "class"}
+    stats = args.pop("model_activation_stats", None)
+    settings = settings_from_args(args, f"{path}: quantizers.{name}")
+    return settings, _resolve_stats_path(stats, path) if stats is not None else None
+
+
+def calibrate(model: nn.Module, dataset: Dataset, fraction: float, batch_size: int,
+              seed: int) -> tuple[dict[str, Any], float]:
+    """Distiller's activation statistics on a seeded `fraction` of `dataset`; (stats, seconds)."""
+    from compressor.quantization.post_train import calibration_batches
+    from compressor.quantization.stats import collect_stats
+
+    started = time.perf_counter()
+    batches = calibration_batches(dataset, fraction, batch_size, seed)
+    stats = collect_stats(model, batches)
+    return stats, time.perf_counter() - started
+
+
+def _without_quantization(description: ModelDescription) -> ModelDescription:
+    steps = tuple(step for step in description.transforms if step.name != QUANTIZATION)
+    return replace(description, transforms=steps)
+
+
+def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Module,
+               dataset: Dataset, batch_size: int, seed: int,
+               facts: dict[str, Any]) -> dict[str, Any] | None:
+    """Statistics from the file given, else calibration (--qe-calibration, default 5%)."""
+    from compressor.quantization.stats import load_stats
+
+    stats_file = config.stats_file or settings_stats
+    if config.dynamic:
+        facts["stats_source"] = "dynamic"
+        return None
+    if stats_file is not None:
+        facts["stats_source"] = str(stats_file)
+        return load_stats(stats_file)
+    fraction = config.calibration if config.calibration is not None else DEFAULT_CALIBRATION
+    stats, seconds = calibrate(model, dataset, fraction, batch_size, seed)
+    facts.update(stats_source=f"calibration on {fraction:g} of the test set",
+                 calibration_time=seconds)
+    LOG.info("collected activation statistics on %g of the test set in %.1fs", fraction, seconds)
+    return stats
+
+
+def _post_train(float_model: nn.Module, settings: Any, stats: dict[str, Any] | None,
+                dynamic: bool) -> nn.Module:
+    from compressor.quantization.post_train import PostTrainLinearQuantizer
+
+    description = description_of(float_model)
+    quantizer = PostTrainLinearQuantizer(settings, stats, dynamic=dynamic)
+    quantized = quantizer.quantize(float_model)
+    return record_transform(describe(quantized, description), QUANTIZATION,
+                            {"kind": "post_train", "kernels": "simulated",
+                             **quantizer.recipe()})
+
+
+def _convert(simulated: nn.Module, backend: str) -> nn.Module:
+    from compressor.quantization.int8 import check_convertible, convert_to_int8
+
+    check_convertible(simulated)
+    recipe = dict(description_of(simulated).recipe(QUANTIZATION))
+    record_transform(simulated, QUANTIZATION, {**recipe, "kernels": "int8", "backend": backend})
+    converted = convert_to_int8(simulated.cpu(), backend)
+    return attach_stored_form(describe(converted, description_of(simulated)), simulated)
+
+
+def quantization_facts(model: nn.Module) -> dict[str, Any]:
+    """What results.json reports of a quantized model: kernels, bit widths, mode, clipping."""
+    recipe = description_of(model).recipe(QUANTIZATION) or {}
+    settings = recipe.get("settings", {})
+    return {"kernels": recipe.get("kernels", "simulated"), "quantizer": recipe.get("kind"),
+            "bits_activations": settings.get("bits_activations"),
+            "bits_weights": settings.get("bits_weights"),
+            "bits_accum": settings.get("bits_accum"), "mode": settings.get("mode"),
+            "per_channel_wts": settings.get("per_channel_wts"),
+            "clip_acts": settings.get("clip_acts")}
+
+
+def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) -> None:
+    """Refuse a bad quantization request before any file is written: settings, layer names,
+    the statistics file, widths that int8 kernels cannot take, quantizing twice."""
+    from compressor.quantization.settings import resolve_layers
+    from compressor.quantization.stats import load_stats
+
+    recipe = description_of(model).recipe(QUANTIZATION)
+    kind = recipe.get("kind") if isinstance(recipe, Mapping) else None
+    if kind == "post_train" and config.quantize:
+        raise QuantizationError(f"{source} is already quantized (post-training); evaluate it "
+                                "with -e alone, add --qe-convert-pytorch for int8 kernels, or "
+                                "quantize the float checkpoint it came from")
+    if config.calibrate_only or kind is not None:
+        return
+    settings, stats_path = (config_file_settings(config.config_file)
+                            if config.config_file is not None else (cli_settings(config), None))
+    layers = resolve_layers(model, settings)
+    if config.convert:
+        widths = {bits for layer in layers.values()
+                  for bits in (layer.bits_activations, layer.bits_weights) if bits is not None}
+        if widths - {8} or config.dynamic:
+            shown = "dynamic ranges" if config.dynamic else "widths " + "/".join(
+                str(bits) for bits in sorted(widths))
+            raise QuantizationError(f"--qe-convert-pytorch needs 8-bit activations and weights "
+                                    f"with statistics, not {shown}; drop --qe-convert-pytorch "
+                                    "(other widths stay simulated) or quantize to 8 bits")
+    if config.stats_file is not None or stats_path is not None:
+        load_stats(config.stats_file or stats_path)
+
+
+def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
+                            batch_size: int, seed: int, source: str) -> QuantizedModel:
+    """The quantized model to evaluate for `config`, from a float, QAT or quantized `model`.
+
+    A float model is quantized post-training; a quantization-aware-trained one is quantized
+    with its tracked ranges (and the settings it trained with); a post-training quantized one
+    is only converted (--qe-convert-pytorch), never quantized twice.
+    """
+    recipe = description_of(model).recipe(QUANTIZATION)
+    kind = recipe.get("kind") if isinstance(recipe, Mapping) else None
+    facts: dict[str, Any] = {}
+    if kind == "post_train":
+        if config.quantize:
+            raise QuantizationError(f"{source} is already quantized (post-training); evaluate it "
+                                    "with -e alone, add --qe-convert-pytorch for int8 kernels, or "
+                                    "quantize the float checkpoint it came from")
+        if recipe.get("kernels") == "int8":  # rebuilt with int8 kernels already: nothing to do
+            return QuantizedModel(model, None, quantization_facts(model))
+        simulated = model
+    elif kind == "qat":
+        from compressor.quantization.qat import qat_to_float
+        from compressor.quantization.settings import QuantSettings
+
+        float_model, tracked = qat_to_float(model)
+        describe(float_model, _without_quantization(description_of(model)))
+        settings = QuantSettings.from_recipe(recipe["settings"])
+        given = config.stats_file or config.calibration is not None or config.dynamic
+        stats = (_stats_for(config, None, float_model, dataset, batch_size, seed, facts)
+                 if given else tracked)
+        facts.setdefault("stats_source", "ranges tracked by quantization-aware training")
+        simulated = _post_train(float_model, settings, stats, config.dynamic)
+    else:
+        settings, stats_path = (config_file_settings(config.config_file)
+                                if config.config_file is not None else (cli_settings(config), None))
+        float_model = copy.deepcopy(model)
+        describe(float_model, description_of(model))
+        stats = _stats_for(config, stats_path, float_model, dataset, batch_size, seed, facts)
+        simulated = _post_train(float_model, settings, stats, config.dynamic)
+    evaluated = simulated
+    if config.convert:
+        evaluated = _convert(simulated, config.backend)
+    facts.update(quantization_facts(simulated))
+    return QuantizedModel(evaluated, simulated, facts)
+
+
+def quantized_checkpoint_path(run_dir: Path) -> Path:
+    """Where a quantizing run writes its checkpoint."""
+    return run_dir / QUANTIZED_CHECKPOINT
+
+
+def _calibrate_only(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
+                    batch_size: int, seed: int, run_dir: Path | None) -> dict[str, Any]:
+    """--qe-calibration alone: Distiller's statistics file in the run directory, nothing else."""
+    from compressor.quantization.stats import STATS_FILE_NAME, save_stats
+
+    assert config.calibration is not None
+    stats, seconds = calibrate(model, dataset, config.calibration, batch_size, seed)
+    facts: dict[str, Any] = {"calibration_fraction": config.calibration,
+                             "calibration_time": seconds, "stats_layers": len(stats)}
+    if run_dir is not None:
+        save_stats(stats, run_dir / STATS_FILE_NAME)
+        facts["stats_file"] = str(run_dir / STATS_FILE_NAME)
+        LOG.info("activation statistics written to %s", run_dir / STATS_FILE_NAME)
+    return facts
+
+
+def run_quantization(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
+                     loader: LoaderConfig, setup: RunSetup, run_dir: Path | None,
+                     record: Mapping[str, Any], evaluate_fn: Callable[[nn.Module], dict[str, float]]
+                     ) -> tuple[dict[str, Any], nn.Module]:
+    """-e with --qe / --qe-calibration / --qe-convert-pytorch: (results, the evaluated model).
+
+    Writes quantized_checkpoint.pth.tar (the simulated model, integer weights, recipe) in the
+    run directory, so `-e --resume-from` it rebuilds and evaluates the same model.
+    """
+    source = str(setup.checkpoint_path or description_of(model).arch)
+    if config.calibrate_only:
+        return _calibrate_only(model, config, dataset, loader.batch_size, setup.seed,
+                               run_dir), model
+    quantized = prepare_quantized_model(model, config, dataset, loader.batch_size, setup.seed,
+                                        source)
+    test = evaluate_fn(quantized.evaluated)
+    results = {**test, **setup.progress(test), **quantized.facts, "quantized_top1": test["top1"]}
+    if run_dir is not None and quantized.simulated is not None:
+        path = quantized_checkpoint_path(run_dir)
+        save_checkpoint(path, assemble_checkpoint(
+            quantized.simulated, args=record, epoch=results["epoch"],
+            best_top1=results["best_top1"], best_epoch=results["best_epoch"],
+            quantized_top1=test["top1"], quantization=quantized.facts))
+        results["quantized_checkpoint"] = str(path)
+        results.update(_checkpoint_facts(quantized.simulated, path))
+        LOG.info("quantized model (%s kernels) written to %s", quantized.facts["kernels"], path)
+    return results, quantized.evaluated
+
+
+def _checkpoint_facts(simulated: nn.Module, path: Path) -> dict[str, Any]:
+    """Sizes and counts of the quantized model (its integer weights), for results.json."""
+    from compressor.metrics import model_metrics
+
+    return {f"quantized_{key}": value for key, value in model_metrics(simulated, path).items()
+            if key in ("model_file_size", "model_file_size_compressed", "checkpoint_file_size")}
