@@ -23,17 +23,22 @@ from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 
 from compressor.models.description import unwrap_model
 from compressor.quantization.errors import QuantizationError, shown
+from compressor.quantization.qat_modules import (
+    DEFAULT_EMA_DECAY,
+    FakeLinearQuantization,
+    InputQuantizer,
+    LinearWeightQuant,
+    QATWrapper,
+    RangeTracker,
+    range_qparams,
+    update_ema,
+)
 from compressor.quantization.range_linear import (
     MAX_BITS,
-    LinearQuantizeSTE,
-    LinearQuantMode,
     check_bits,
-    fake_quantize_ste,
-    quantized_range,
 )
 from compressor.quantization.settings import (
     ELTWISE_LAYERS,
@@ -50,209 +55,8 @@ __all__ = [
     "quantizer_parameter_names", "set_qat_enabled", "qat_to_float",
 ]
 
-DEFAULT_EMA_DECAY = 0.999  # Distiller's default
 INPUTS_QUANT_NAME = "inputs_quant"  # Distiller's attribute for the model-input quantizer
 _ELTWISE_INPUTS = 2  # input ranges tracked for an element-wise module (more are not tracked)
-
-
-def update_ema(biased: Tensor, value: Tensor, decay: float, step: Tensor
-               ) -> tuple[Tensor, Tensor]:
-    """(biased EMA, bias-corrected EMA) after `value` at `step` (1-based), as Distiller."""
-    biased = biased * decay + (1 - decay) * value
-    return biased, biased / (1 - decay ** step)
-
-
-def range_qparams(low: Tensor, high: Tensor, num_bits: int, mode: LinearQuantMode
-                  ) -> tuple[Tensor, Tensor]:
-    """`quant_params` for ranges computed in a forward: the same math, no checks, no host sync."""
-    if mode.symmetric:
-        steps = (2 ** (num_bits - 1) - 1 if mode is LinearQuantMode.SYMMETRIC_RESTRICTED
-                 else (2 ** num_bits - 1) / 2)
-        saturation = torch.maximum(low.abs(), high.abs())
-        saturation = torch.where(saturation == 0, torch.full_like(saturation, steps), saturation)
-        scale = steps / saturation
-        return scale, torch.zeros_like(scale)
-    steps = 2 ** num_bits - 1
-    low, high = low.clamp(max=0), high.clamp(min=0)
-    width = high - low
-    width = torch.where(width == 0, torch.full_like(width, steps), width)
-    scale = steps / width
-    zero_point = torch.round(scale * low)
-    if mode is LinearQuantMode.ASYMMETRIC_SIGNED:
-        zero_point = zero_point + 2 ** (num_bits - 1)
-    return scale, zero_point
-
-
-class RangeTracker(nn.Module):
-    """A tensor's min / max tracked by Distiller's bias-corrected EMA (buffers: resumable)."""
-
-    def __init__(self, ema_decay: float = DEFAULT_EMA_DECAY) -> None:
-        super().__init__()
-        self.ema_decay = float(ema_decay)
-        for name in ("tracked_min_biased", "tracked_min", "tracked_max_biased", "tracked_max"):
-            self.register_buffer(name, torch.zeros(()))
-        self.register_buffer("iter_count", torch.zeros((), dtype=torch.int64))
-
-    def extra_repr(self) -> str:
-        """The decay."""
-        return f"ema_decay={self.ema_decay}"
-
-    @torch.no_grad()
-    def update(self, x: Tensor, active: Tensor) -> None:
-        """Fold the min / max of `x` into the averages when `active` (a bool tensor)."""
-        low, high = torch.aminmax(x.detach())
-        step = self.iter_count + active.to(self.iter_count.dtype)
-        # step 0 only when inactive, where the result is not used: keep the division finite
-        safe_step = step.clamp(min=1).to(self.tracked_min.dtype)
-        pairs = ((self.tracked_min_biased, self.tracked_min, low),
-                 (self.tracked_max_biased, self.tracked_max, high))
-        for biased, tracked, value in pairs:
-            new_biased, new_tracked = update_ema(biased, value.to(biased.dtype), self.ema_decay,
-                                                 safe_step)
-            biased.copy_(torch.where(active, new_biased, biased))
-            tracked.copy_(torch.where(active, new_tracked, tracked))
-        self.iter_count.copy_(step)
-
-    def range(self) -> tuple[Tensor, Tensor]:
-        """The bias-corrected (min, max)."""
-        return self.tracked_min, self.tracked_max
-
-
-class FakeLinearQuantization(nn.Module):
-    """Fake-quantize activations to their EMA-tracked range (Distiller's FakeLinearQuantization).
-
-    In training the range is updated first, then used; in eval the tracked range is used as is.
-    Values are clamped to the range (gradient 1 inside and at its ends, 0 outside) and go through
-    the straight-through estimator.
-    """
-
-    def __init__(self, num_bits: int, mode: LinearQuantMode,
-                 ema_decay: float = DEFAULT_EMA_DECAY) -> None:
-        super().__init__()
-        self.num_bits, self.mode = num_bits, mode
-        self.tracker = RangeTracker(ema_decay)
-
-    def extra_repr(self) -> str:
-        """Bits and mode."""
-        return f"num_bits={self.num_bits}, mode={self.mode.name}"
-
-    def clip_range(self) -> tuple[Tensor, Tensor]:
-        """The range values are clamped to: the tracked one, made symmetric in symmetric modes."""
-        low, high = self.tracker.range()
-        if self.mode.symmetric:
-            edge = torch.maximum(low.abs(), high.abs())
-            return -edge, edge
-        return low, high
-
-    def forward(self, x: Tensor, active: Tensor) -> Tensor:
-        """x on the grid of the tracked range (tracking only counts while `active`)."""
-        if self.training:
-            self.tracker.update(x, active)
-        low, high = self.clip_range()
-        scale, zero_point = range_qparams(low, high, self.num_bits, self.mode)
-        return fake_quantize_ste(x, scale, zero_point, self.num_bits, self.mode, (low, high))
-
-    def output_range(self) -> tuple[float, float]:
-        """The (min, max) the quantized outputs span, for statistics."""
-        low, high = self.tracker.range()
-        return float(low), float(high)
-
-
-class LinearWeightQuant(nn.Module):
-    """Range-linear fake quantization of a weight from its own range (per output channel
-    optional), straight-through gradient, as Distiller's QAT `linear_quantize_param`."""
-
-    def __init__(self, num_bits: int, mode: LinearQuantMode, per_channel: bool = False) -> None:
-        super().__init__()
-        self.num_bits, self.mode, self.per_channel = num_bits, mode, per_channel
-
-    def extra_repr(self) -> str:
-        """Bits, mode, per channel."""
-        return f"num_bits={self.num_bits}, mode={self.mode.name}, per_channel={self.per_channel}"
-
-    def qparams(self, weight: Tensor) -> tuple[Tensor, Tensor]:
-        """(scale, zero_point) of `weight`, shaped to broadcast per channel when asked."""
-        flat = weight.detach()
-        if self.per_channel and flat.dim() >= 2:
-            low, high = torch.aminmax(flat.reshape(flat.shape[0], -1), dim=1)
-            shape = (-1,) + (1,) * (flat.dim() - 1)
-            scale, zero_point = range_qparams(low, high, self.num_bits, self.mode)
-            return scale.reshape(shape), zero_point.reshape(shape)
-        low, high = torch.aminmax(flat)
-        return range_qparams(low, high, self.num_bits, self.mode)
-
-    def forward(self, weight: Tensor) -> Tensor:
-        """The fake-quantized weight."""
-        qmin, qmax = quantized_range(self.num_bits, self.mode)
-        scale, zero_point = self.qparams(weight)
-        return LinearQuantizeSTE.apply(weight, scale, zero_point, qmin, qmax, True)
-
-
-class QATWrapper(nn.Module):
-    """A module whose weight / bias / output are fake-quantized while `enabled`.
-
-    Also tracks the range of its first inputs and, when its output is not quantized, of its
-    output, so that `qat_to_float` can give the post-training quantizer statistics.
-    """
-
-    def __init__(self, wrapped: nn.Module, weight_quant: nn.Module | None = None,
-                 bias_quant: nn.Module | None = None, output_quant: nn.Module | None = None,
-                 num_inputs: int = 1, ema_decay: float = DEFAULT_EMA_DECAY) -> None:
-        super().__init__()
-        self.wrapped = wrapped  # first child: the original parameters keep their order
-        self.weight_quant, self.bias_quant, self.output_quant = (weight_quant, bias_quant,
-                                                                 output_quant)
-        self.input_ranges = nn.ModuleList(RangeTracker(ema_decay) for _ in range(num_inputs))
-        self.output_range = RangeTracker(ema_decay) if output_quant is None else None
-        self.register_buffer("enabled", torch.ones((), dtype=torch.bool))
-
-    def signature(self) -> str:
-        """What the wrapper does, to compare with a plan (parameters' values left out)."""
-        parts = [f"{name}={module!r}" for name, module in (
-            ("weight", self.weight_quant), ("bias", self.bias_quant),
-            ("output", self.output_quant)) if module is not None]
-        return f"{type(self.wrapped).__name__}({', '.join(parts)}, inputs={len(self.input_ranges)})"
-
-    def effective_params(self) -> dict[str, Tensor]:
-        """The weight and bias the forward uses (fake-quantized while enabled)."""
-        params: dict[str, Tensor] = {}
-        for name, quant in (("weight", self.weight_quant), ("bias", self.bias_quant)):
-            value = getattr(self.wrapped, name, None)
-            if quant is not None and isinstance(value, Tensor):
-                params[name] = torch.where(self.enabled, quant(value), value)
-        return params
-
-    def forward(self, *inputs: Any) -> Any:
-        """The wrapped module on fake-quantized parameters, its output fake-quantized."""
-        active = self.enabled
-        if self.training:
-            # measured before the module runs: in-place modules overwrite their input
-            for tracker, value in zip(self.input_ranges, inputs, strict=False):
-                if isinstance(value, Tensor) and value.is_floating_point() and value.numel():
-                    tracker.update(value, active)
-        params = self.effective_params()
-        out = functional_call(self.wrapped, params, inputs) if params else self.wrapped(*inputs)
-        if self.output_quant is not None:
-            return torch.where(active, self.output_quant(out, active), out)
-        if self.training and self.output_range is not None and out.numel():
-            self.output_range.update(out, active)
-        return out
-
-
-class InputQuantizer(nn.Module):
-    """Fake-quantizes the model's input (Distiller's `inputs_quant`), as a forward pre-hook."""
-
-    def __init__(self, quant: FakeLinearQuantization) -> None:
-        super().__init__()
-        self.quant = quant
-        self.register_buffer("enabled", torch.ones((), dtype=torch.bool))
-
-    def pre_hook(self, _: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-        """The model's arguments with the first one fake-quantized."""
-        if not args or not isinstance(args[0], Tensor) or not args[0].is_floating_point():
-            return None
-        x = args[0]
-        return (torch.where(self.enabled, self.quant(x, self.enabled), x), *args[1:])
 
 
 def _is_input_hook(hook: Any, model: nn.Module) -> bool:
