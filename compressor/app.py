@@ -279,6 +279,13 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _device_of(model: nn.Module, ctx: DistContext) -> torch.device:
+    """The run's device, or the CPU for a model that only runs there (int8 kernels)."""
+    device = next((t.device for t in model.state_dict().values()
+                   if isinstance(t, torch.Tensor)), ctx.device)
+    return device if device.type == "cpu" else ctx.device
+
+
 def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
                    model: nn.Module, data: EvaluationData, run_dir: Path | None,
                    config: TrainConfig, record: dict[str, Any]
@@ -289,9 +296,7 @@ def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
     reduce = all_reduce_sum if ctx.enabled else None
 
     def evaluate_fn(net: nn.Module) -> dict[str, float]:
-        device = next((t.device for t in net.state_dict().values()), ctx.device)
-        return evaluate(net, loader, device if device.type == "cpu" else ctx.device,
-                        reduce=reduce, desc="test")
+        return evaluate(net, loader, _device_of(net, ctx), reduce=reduce, desc="test")
 
     if quantization_requested(args):
         from compressor.quantize_run import run_quantization
@@ -319,7 +324,7 @@ def _confusion(setup: RunSetup, ctx: DistContext, model: nn.Module,
     from compressor.reports import confusion_report
 
     loader = eval_loader(data.test, config.loader.batch_size, config.loader.workers, ctx)
-    return confusion_report(model, loader, ctx.device, num_classes=data.num_classes,
+    return confusion_report(model, loader, _device_of(model, ctx), num_classes=data.num_classes,
                             class_names=data.class_names, run_dir=run_dir,
                             reduce=all_reduce_sum if ctx.enabled else None)
 

@@ -138,9 +138,10 @@ def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Mo
         return load_stats(stats_file)
     fraction = config.calibration if config.calibration is not None else DEFAULT_CALIBRATION
     stats, seconds = calibrate(model, dataset, fraction, batch_size, seed)
-    facts.update(stats_source=f"calibration on {fraction:g} of the test set",
+    facts.update(stats_source=f"calibration on {fraction:.2%} of the test set",
                  calibration_time=seconds)
-    LOG.info("collected activation statistics on %g of the test set in %.1fs", fraction, seconds)
+    LOG.info("collected activation statistics on %.2f%% of the test set in %.1fs",
+             100 * fraction, seconds)
     return stats
 
 
