@@ -18,6 +18,7 @@ from compressor.quantization.range_linear import (
     LinearQuantMode,
     fake_quantize_ste,
     quantized_range,
+    range_qparams,
 )
 
 __all__ = ["DEFAULT_EMA_DECAY", "update_ema", "range_qparams", "RangeTracker",
@@ -31,27 +32,6 @@ def update_ema(biased: Tensor, value: Tensor, decay: float, step: Tensor
     """(biased EMA, bias-corrected EMA) after `value` at `step` (1-based), as Distiller."""
     biased = biased * decay + (1 - decay) * value
     return biased, biased / (1 - decay ** step)
-
-
-def range_qparams(low: Tensor, high: Tensor, num_bits: int, mode: LinearQuantMode
-                  ) -> tuple[Tensor, Tensor]:
-    """`quant_params` for ranges computed in a forward: the same math, no checks, no host sync."""
-    if mode.symmetric:
-        steps = (2 ** (num_bits - 1) - 1 if mode is LinearQuantMode.SYMMETRIC_RESTRICTED
-                 else (2 ** num_bits - 1) / 2)
-        saturation = torch.maximum(low.abs(), high.abs())
-        saturation = torch.where(saturation == 0, torch.full_like(saturation, steps), saturation)
-        scale = steps / saturation
-        return scale, torch.zeros_like(scale)
-    steps = 2 ** num_bits - 1
-    low, high = low.clamp(max=0), high.clamp(min=0)
-    width = high - low
-    width = torch.where(width == 0, torch.full_like(width, steps), width)
-    scale = steps / width
-    zero_point = torch.round(scale * low)
-    if mode is LinearQuantMode.ASYMMETRIC_SIGNED:
-        zero_point = zero_point + 2 ** (num_bits - 1)
-    return scale, zero_point
 
 
 class RangeTracker(nn.Module):

@@ -33,7 +33,8 @@ from compressor.quantization.errors import QuantizationError, shown, unknown_cho
 __all__ = [
     "MIN_BITS", "MAX_BITS", "MAX_ACCUM_BITS", "LinearQuantMode", "ModuleQuantMode",
     "parse_quant_mode", "parse_module_quant_mode", "check_bits", "check_accum_bits",
-    "quantized_range", "quant_params", "weight_quant_params", "quantize", "dequantize",
+    "quantized_range", "quant_params", "range_qparams", "weight_quant_params", "quantize",
+    "dequantize",
     "fake_quantize", "LinearQuantizeSTE", "fake_quantize_ste", "float_range", "torch_qparams",
     "accum_range", "bias_scale", "quantize_bias",
 ]
@@ -175,22 +176,28 @@ def quant_params(min_val: float | Tensor, max_val: float | Tensor, num_bits: int
     if bool((low > high).any()):
         raise QuantizationError(f"the range min {shown(min_val)} is greater than its max "
                                 f"{shown(max_val)}; give min <= max")
+    return range_qparams(low, high, bits, mode)
+
+
+def range_qparams(low: Tensor, high: Tensor, num_bits: int, mode: LinearQuantMode
+                  ) -> tuple[Tensor, Tensor]:
+    """`quant_params` without its checks, and so without a host sync (ranges computed in a
+    forward pass, e.g. QAT's tracked ones); an all-zero range gives scale 1."""
     if mode.symmetric:
-        steps = (2 ** (bits - 1) - 1 if mode is LinearQuantMode.SYMMETRIC_RESTRICTED
-                 else (2 ** bits - 1) / 2)
+        steps = (2 ** (num_bits - 1) - 1 if mode is LinearQuantMode.SYMMETRIC_RESTRICTED
+                 else (2 ** num_bits - 1) / 2)
         saturation = torch.maximum(low.abs(), high.abs())
-        # an all-zero tensor quantizes to zeros: scale 1
         saturation = torch.where(saturation == 0, torch.full_like(saturation, steps), saturation)
         scale = steps / saturation
         return scale, torch.zeros_like(scale)
-    steps = 2 ** bits - 1
+    steps = 2 ** num_bits - 1
     low, high = low.clamp(max=0), high.clamp(min=0)
     width = high - low
     width = torch.where(width == 0, torch.full_like(width, steps), width)
     scale = steps / width
     zero_point = torch.round(scale * low)
     if mode is LinearQuantMode.ASYMMETRIC_SIGNED:
-        zero_point = zero_point + 2 ** (bits - 1)
+        zero_point = zero_point + 2 ** (num_bits - 1)
     return scale, zero_point
 
 
