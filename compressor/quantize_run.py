@@ -236,9 +236,12 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
         describe(float_model, _without_quantization(description_of(model)))
         settings = QuantSettings.from_recipe(recipe["settings"])
         given = config.stats_file or config.calibration is not None or config.dynamic
-        stats = (_stats_for(config, None, float_model, dataset, batch_size, seed, facts)
-                 if given else tracked)
-        facts.setdefault("stats_source", "ranges tracked by quantization-aware training")
+        stats = _stats_for(config, None, float_model, dataset, batch_size, seed, facts)
+        if not given:  # QAT tracked what it quantized; calibration fills in the rest (the
+            # outputs of batch norms folded into a convolution, which QAT left in float)
+            stats = {**(stats or {}), **tracked}
+            facts["stats_source"] = (f"ranges tracked by quantization-aware training "
+                                     f"(other layers: {facts['stats_source']})")
         simulated = _post_train(float_model, settings, stats, config.dynamic)
     else:
         settings, stats_path = (config_file_settings(config.config_file)

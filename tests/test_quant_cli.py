@@ -11,6 +11,7 @@ import torch
 import yaml
 
 from compressor.checkpoint import load_checkpoint
+from compressor.models.description import description_of
 from compressor.quantization.stats import load_stats
 from compressor.run_setup import load_model
 from tests.conftest import run_cli
@@ -254,3 +255,21 @@ def test_pruned_and_thinned_checkpoint_quantizes(trained: Path, tmp_path: Path) 
     _ok(run_cli("--resume-from", str(tmp_path / "q" / "quantized_checkpoint.pth.tar"), "-e",
                 *COMMON, "-o", str(tmp_path), "-n", "again"))
     assert _results(tmp_path / "again")["top1"] == _results(tmp_path / "q")["quantized_top1"]
+
+
+def test_qat_resnet_converts_with_its_folded_batch_norms(tmp_path: Path) -> None:
+    """QAT leaves batch norms in float; converting folds them and calibrates their ranges."""
+    schedule = tmp_path / "qat.yaml"
+    schedule.write_text(QAT_SCHEDULE.replace("starting_epoch: 1", "starting_epoch: 0"))
+    common = ("-j", "0", "-p", "0", "--etes", "0.1", "-o", str(tmp_path))
+    _ok(run_cli("-a", "resnet20_cifar", "--dataset", "synthetic", "--epochs", "1", "-b", "32",
+                "--etrs", "0.05", "--compress", str(schedule), *common, "-n", "qat"))
+    _ok(run_cli("--resume-from", str(tmp_path / "qat" / "checkpoint.pth.tar"), "-e", "--qept",
+                *common, "-n", "int8"))
+    results = _results(tmp_path / "int8")
+    assert results["kernels"] == "int8"
+    assert results["stats_source"].startswith("ranges tracked by quantization-aware training")
+    rebuilt = load_model(tmp_path / "int8" / "quantized_checkpoint.pth.tar")
+    steps = [step.name for step in description_of(rebuilt).transforms]
+    assert steps == ["quantization"]
+    assert description_of(rebuilt).recipe("quantization")["kind"] == "post_train"

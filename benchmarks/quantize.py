@@ -1,0 +1,328 @@
+"""Quantization on real Fashion-MNIST: fp32 vs PTQ, QAT, PACT, DoReFa and sparse + int8.
+
+Every configuration is a real `compress_classifier.py` run: the fp32 model is trained, the
+post-training rows are `-e --qe ...` evaluations of its checkpoint, the quantization-aware rows
+fine-tune it with a Distiller-style YAML (written into the output directory) through
+`--compress`, and AGP 80% fine-tunes it pruned before quantizing it. Afterwards each final
+model is rebuilt from its checkpoint alone and timed on the CPU in interleaved rounds (batch 1
+and 32, one thread and all threads), so every ratio is measured side by side in one run.
+
+    python benchmarks/quantize.py /usr/share/datasets/fashion-mnist \
+        --epochs 6 --ft-epochs 2 --etrs 0.25 --out /tmp/fmnist-quant
+
+Data: `apt-get install -y dataset-fashion-mnist` puts the four IDX .gz files in
+/usr/share/datasets/fashion-mnist/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tabulate import tabulate
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common_measure import (  # noqa: E402
+    interleaved_latency,
+    ratio_cell,
+    stored_weights_size,
+)
+from compressor.models import create_model  # noqa: E402
+from compressor.run_setup import load_model  # noqa: E402
+
+ARCHS = ("simplenet_mnist", "resnet20_cifar")
+QUANTIZED_CHECKPOINT = "quantized_checkpoint.pth.tar"
+LATENCY_SETTINGS = ((1, "one"), (32, "one"), (1, "all"), (32, "all"))  # (batch, threads)
+
+
+@dataclass(frozen=True)
+class Config:
+    """One row: how its model is made (train, fine-tune with a schedule, or quantize)."""
+
+    name: str
+    label: str
+    source: str | None = None  # the run whose checkpoint it starts from
+    schedule: str | None = None  # "fp32ft" | "qat8" | "pact4" | "dorefa4" | "agp80" (fine-tunes)
+    qe_flags: tuple[str, ...] = ()  # a post-training quantization of `source`
+    baseline: str = "fp32"  # the row its top-1 drop is measured against
+
+
+PTQ_8_PER_TENSOR = ("--qe", "--qe-mode", "sym", "--qe-convert-pytorch")
+PTQ_8_PER_CHANNEL = ("--qe", "--qe-mode", "asym_u", "--qe-per-channel", "--qe-clip-acts",
+                     "avg", "--qe-convert-pytorch")
+FINE_TUNED = "fp32-ft"  # fine-tuned rows compare with fp32 fine-tuned alike (same epochs, LR)
+CONFIGS = (
+    Config("fp32", "fp32"),
+    Config("ptq8", "PTQ 8/8 sym, per-tensor", "fp32", qe_flags=PTQ_8_PER_TENSOR),
+    Config("ptq8pc", "PTQ 8/8 asym_u, per-channel, AVG clip", "fp32",
+           qe_flags=PTQ_8_PER_CHANNEL),
+    Config("ptq6", "PTQ 6/6 asym_u, per-channel, AVG clip", "fp32",
+           qe_flags=("--qe", "--qe-mode", "asym_u", "--qe-per-channel", "--qe-clip-acts",
+                     "avg", "--qe-bits-acts", "6", "--qe-bits-wts", "6")),
+    Config("ptq4", "PTQ 4/4 asym_u, per-channel, AVG clip", "fp32",
+           qe_flags=("--qe", "--qe-mode", "asym_u", "--qe-per-channel", "--qe-clip-acts",
+                     "avg", "--qe-bits-acts", "4", "--qe-bits-wts", "4")),
+    Config(FINE_TUNED, "fp32 fine-tuned (control)", "fp32", schedule="fp32ft"),
+    Config("qat8", "QAT 8/8 (fine-tuned)", "fp32", schedule="qat8", baseline=FINE_TUNED),
+    # calibrated on its fake-quantized weights: QAT's tracked ranges lack the batch norms
+    # before residual additions (resnet20_cifar's layer1.0.bn2)
+    Config("qat8-int8", "QAT 8/8 -> int8 kernels (calibrated)", "qat8",
+           qe_flags=("--qe", "--qe-convert-pytorch"), baseline=FINE_TUNED),
+    Config("pact4", "PACT a4/w4 (fine-tuned)", "fp32", schedule="pact4", baseline=FINE_TUNED),
+    Config("dorefa4", "DoReFa a8/w4 (fine-tuned)", "fp32", schedule="dorefa4",
+           baseline=FINE_TUNED),
+    Config("agp80", "AGP 80% (fine-tuned)", "fp32", schedule="agp80", baseline=FINE_TUNED),
+    Config("agp80-ptq8", "AGP 80% + PTQ 8/8 per-channel", "agp80", qe_flags=PTQ_8_PER_CHANNEL,
+           baseline=FINE_TUNED),
+)
+
+
+def selected_configs(names: Sequence[str]) -> list[Config]:
+    """The rows asked for, with the rows they start from or compare with, in table order."""
+    by_name = {config.name: config for config in CONFIGS}
+    wanted = {"fp32", *names}
+    pending = list(wanted)
+    while pending:
+        config = by_name[pending.pop()]
+        for needed in (config.source, config.baseline):
+            if needed is not None and needed not in wanted:
+                wanted.add(needed)
+                pending.append(needed)
+    return [config for config in CONFIGS if config.name in wanted]
+
+
+def _edge_layers(arch: str) -> tuple[str, str, list[str]]:
+    """(first conv, last linear, weights AGP prunes: every conv/linear weight between them)."""
+    model = create_model(arch, "fashion-mnist")
+    names = [n for n, p in model.named_parameters() if n.endswith("weight") and p.dim() in (2, 4)]
+    first, last = names[0].rsplit(".", 1)[0], names[-1].rsplit(".", 1)[0]
+    return first, last, names[1:-1]
+
+
+def _lr_policy(milestone: int, epochs: int) -> tuple[str, str]:
+    """(lr_schedulers section, its policy): one decay by 10x at `milestone`."""
+    section = (f"lr_schedulers:\n  lr:\n    class: MultiStepLR\n    milestones: [{milestone}]\n"
+               f"    gamma: 0.1\n")
+    policy = (f"  - lr_scheduler:\n      instance_name: lr\n    starting_epoch: 0\n"
+              f"    ending_epoch: {epochs}\n    frequency: 1\n")
+    return section, policy
+
+
+def _quantizer(kind: str, first: str, last: str) -> str:
+    """A Distiller-style QAT quantizer; 4-bit methods keep the first and last layer in float
+    (as Distiller's PACT/DoReFa examples do)."""
+    edges = (f"    overrides:\n      {first}:\n        bits_weights: null\n"
+             f"        bits_activations: null\n      {last}:\n        bits_weights: null\n"
+             f"        bits_activations: null\n")
+    if kind == "qat8":
+        return ("    class: QuantAwareTrainRangeLinearQuantizer\n    bits_activations: 8\n"
+                "    bits_weights: 8\n    mode: ASYMMETRIC_UNSIGNED\n"
+                "    per_channel_wts: true\n    ema_decay: 0.999\n")
+    if kind == "pact4":
+        return ("    class: PACTQuantizer\n    act_clip_init_val: 8.0\n"
+                "    bits_activations: 4\n    bits_weights: 4\n" + edges)
+    return "    class: DorefaQuantizer\n    bits_activations: 8\n    bits_weights: 4\n" + edges
+
+
+def fine_tune_schedule(kind: str, arch: str, epochs: int) -> str:
+    """The YAML of a fine-tuning row: its quantizer or pruner, and an LR decay near the end."""
+    first, last, prunable = _edge_layers(arch)
+    section, lr_policy = _lr_policy(max(1, epochs - 1), epochs)
+    if kind == "fp32ft":
+        return f"version: 1\n{section}policies:\n{lr_policy}"
+    if kind == "agp80":
+        prune_end = max(1, epochs - 1)
+        method = (f"pruners:\n  agp:\n    class: AutomatedGradualPruner\n"
+                  f"    initial_sparsity: 0.30\n    final_sparsity: 0.80\n"
+                  f"    weights: [{', '.join(prunable)}]\n")
+        policy = (f"  - pruner:\n      instance_name: agp\n    starting_epoch: 0\n"
+                  f"    ending_epoch: {prune_end}\n    frequency: 1\n")
+    else:
+        method = f"quantizers:\n  quantizer:\n{_quantizer(kind, first, last)}"
+        policy = (f"  - quantizer:\n      instance_name: quantizer\n    starting_epoch: 0\n"
+                  f"    ending_epoch: {epochs}\n    frequency: 1\n")
+    return f"version: 1\n{method}{section}policies:\n{policy}{lr_policy}"
+
+
+def dense_schedule(epochs: int) -> str:
+    """The fp32 run's schedule: one LR decay at 80% of the epochs."""
+    section, policy = _lr_policy(max(1, int(epochs * 0.8)), epochs)
+    return f"version: 1\n{section}policies:\n{policy}"
+
+
+def _cli(*args: str, log: Path) -> None:
+    command = [sys.executable, str(ROOT / "compress_classifier.py"), *args]
+    with open(log, "a") as handle:
+        handle.write("$ " + " ".join(command) + "\n")
+        handle.flush()
+        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(args)}; see {log}")
+
+
+def final_checkpoint(run_dir: Path) -> Path:
+    """A run's model: the quantized checkpoint of a quantizing run, else its last checkpoint."""
+    quantized = run_dir / QUANTIZED_CHECKPOINT
+    return quantized if quantized.is_file() else run_dir / "checkpoint.pth.tar"
+
+
+def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Path]:
+    """Make (or reuse) every configuration's run directory of one arch; name -> run dir."""
+    data = ("--dataset", "fashion-mnist", args.data, "-j", str(args.workers), "--etes",
+            str(args.etes), "-p", "0", "--deterministic", "-o", str(out))
+    train = ("-a", arch, "-b", str(args.batch_size), "--wd", "1e-4", "--etrs", str(args.etrs))
+    log = out / "runs.log"
+    runs: dict[str, Path] = {}
+    for config in selected_configs(args.configs):
+        run = f"{arch}-{config.name}"
+        runs[config.name] = out / run
+        if (out / run / "results.json").exists():
+            continue
+        if config.qe_flags:
+            source = runs[config.source] / "checkpoint.pth.tar"
+            _cli("-e", "--resume-from", str(source), *config.qe_flags, "--qe-calibration",
+                 str(args.calibration), *data, "-n", run, log=log)
+            continue
+        yaml_path = out / f"{run}.yaml"
+        if config.schedule is None:
+            yaml_path.write_text(dense_schedule(args.epochs))
+            _cli(*train, "--epochs", str(args.epochs), "--lr", str(args.lr), "--compress",
+                 str(yaml_path), *data, "-n", run, log=log)
+        else:
+            yaml_path.write_text(fine_tune_schedule(config.schedule, arch, args.ft_epochs))
+            source = runs[config.source] / "checkpoint.pth.tar"
+            _cli(*train, "--epochs", str(args.ft_epochs), "--lr", str(args.ft_lr),
+                 "--exp-load-weights-from", str(source), "--compress", str(yaml_path), *data,
+                 "-n", run, log=log)
+    return runs
+
+
+def _results(run_dir: Path) -> dict[str, Any]:
+    return json.loads((run_dir / "results.json").read_text())
+
+
+def _top1(results: dict[str, Any]) -> float:
+    return float(results.get("quantized_top1", results["top1"]))
+
+
+def _calibration(results: dict[str, Any]) -> str:
+    seconds = results.get("calibration_time")
+    if seconds is not None:
+        return f"{seconds:.1f}s"
+    return "QAT ranges" if "tracked" in str(results.get("stats_source", "")) else ""
+
+
+def _kernels(results: dict[str, Any]) -> str:
+    if "kernels" in results:
+        return str(results["kernels"])
+    recipe_kinds = results.get("transforms", [])
+    return "simulated" if "quantization" in recipe_kinds else "float"
+
+
+def measure_latencies(runs: dict[str, Path], rounds: int, min_ms: float
+                      ) -> dict[tuple[int, str], dict[str, float]]:
+    """Median ms per batch of every run's rebuilt model, for each (batch, threads) setting."""
+    models = {name: load_model(final_checkpoint(run_dir)).eval()
+              for name, run_dir in runs.items()}
+    threads = {"one": 1, "all": os.cpu_count() or 1}
+    return {(batch, which): interleaved_latency(models, batch, threads[which], rounds, min_ms)
+            for batch, which in LATENCY_SETTINGS}
+
+
+def _kib(value: float) -> str:
+    return f"{value / 1024:.0f}K"
+
+
+def _ms(value: float) -> str:
+    return f"{value:.2f}ms"
+
+
+def table(arch: str, runs: dict[str, Path],
+          latency: dict[tuple[int, str], dict[str, float]]) -> str:
+    """One row per configuration: top-1, drop, kernels, file sizes, latencies, calibration."""
+    results = {name: _results(run_dir) for name, run_dir in runs.items()}
+    sizes = {name: stored_weights_size(final_checkpoint(run_dir))
+             for name, run_dir in runs.items()}
+    configs = {config.name: config for config in CONFIGS}
+    base_file, base_zlib = sizes["fp32"]
+    rows = []
+    for name, result in results.items():
+        top1 = _top1(result)
+        baseline = configs[name].baseline
+        drop = "" if name == baseline else f"{top1 - _top1(results[baseline]):+.2f}" + (
+            "*" if baseline != "fp32" else "")
+        rows.append([
+            f"{arch} {configs[name].label}", f"{top1:.2f}", drop,
+            _kernels(result), ratio_cell(sizes[name][0], base_file, _kib),
+            ratio_cell(sizes[name][1], base_zlib, _kib),
+            *(ratio_cell(latency[key][name], latency[key]["fp32"], _ms)
+              for key in LATENCY_SETTINGS),
+            _calibration(result)])
+    all_threads = os.cpu_count() or 1
+    headers = ["model", "top-1 %", "vs fp32", "kernels", "file", "zlib file",
+               *(f"b={batch} {1 if which == 'one' else all_threads}T"
+                 for batch, which in LATENCY_SETTINGS), "calibration"]
+    return tabulate(rows, headers=headers, tablefmt="github")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The benchmark's options: data, rows, training length and latency rounds."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data", help="Fashion-MNIST directory (the four IDX .gz files)")
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS))
+    names = [config.name for config in CONFIGS]
+    parser.add_argument("--configs", nargs="+", default=names, choices=names,
+                        help="rows to run (with the rows they start from or compare with)")
+    parser.add_argument("--epochs", type=int, default=10, help="fp32 training epochs")
+    parser.add_argument("--ft-epochs", type=int, default=3,
+                        help="fine-tuning epochs of the QAT, PACT, DoReFa and AGP rows")
+    parser.add_argument("--etrs", type=float, default=1.0, help="fraction of training data")
+    parser.add_argument("--etes", type=float, default=1.0, help="fraction of test data")
+    parser.add_argument("--calibration", type=float, default=0.05,
+                        help="fraction of the test set PTQ collects statistics on")
+    parser.add_argument("-b", "--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--ft-lr", type=float, default=0.005)
+    parser.add_argument("-j", "--workers", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--min-ms", type=float, default=20.0,
+                        help="each timing repeats a model's call for about this long")
+    parser.add_argument("--out", default="logs/fmnist-quant")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Run (or reuse) every configuration, then print the comparison table."""
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tables = []
+    for arch in args.archs:
+        runs = run_configs(args, arch, out)
+        latency = measure_latencies(runs, args.rounds, args.min_ms)
+        tables.append(table(arch, runs, latency))
+        print(tables[-1], flush=True)
+    settings = ("* vs the fp32 control fine-tuned alike (same epochs and LR, no compression). "
+                f"fp32: {args.epochs} epochs at lr {args.lr}; fine-tunes: {args.ft_epochs} "
+                f"epochs at lr {args.ft_lr}; train fraction {args.etrs}, test fraction "
+                f"{args.etes}, batch {args.batch_size}; PTQ calibration on {args.calibration} of "
+                f"the test set; latency: median of {args.rounds} interleaved rounds of >= "
+                f"{args.min_ms:g} ms, torch {torch.__version__}, {os.cpu_count()} CPU threads; "
+                "ratios to fp32 with absolute figures in brackets")
+    report = "\n\n".join(tables) + f"\n\n{settings}\n"
+    (out / "table.md").write_text(report)
+    print(f"\n{settings}\nwritten to {out / 'table.md'}")
+
+
+if __name__ == "__main__":
+    main()
