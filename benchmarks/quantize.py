@@ -55,34 +55,42 @@ class Config:
     schedule: str | None = None  # "fp32ft" | "qat8" | "pact4" | "dorefa4" | "agp80" (fine-tunes)
     qe_flags: tuple[str, ...] = ()  # a post-training quantization of `source`
     baseline: str = "fp32"  # the row its top-1 drop is measured against
+    calibrate: bool = True  # post-training: collect statistics on --calibration of the test set
 
 
 PTQ_8_PER_TENSOR = ("--qe", "--qe-mode", "sym", "--qe-convert-pytorch")
-PTQ_8_PER_CHANNEL = ("--qe", "--qe-mode", "asym_u", "--qe-per-channel", "--qe-clip-acts",
-                     "avg", "--qe-convert-pytorch")
+# Distiller's AVG clipping leaves the logits unclipped (its examples pass --qencl fc): the last
+# layer's name, filled in per arch
+LAST = "{last}"
+AVG_CLIP = ("--qe-per-channel", "--qe-clip-acts", "avg", "--qe-no-clip-layers", LAST)
+PTQ_8_PER_CHANNEL = ("--qe", "--qe-mode", "asym_u", *AVG_CLIP, "--qe-convert-pytorch")
+# asymmetric weights take fbgemm's slow path: asymmetric activations, symmetric weights
+PTQ_8_FAST = ("--qe", "--qe-mode-acts", "asym_u", "--qe-mode-wts", "sym", *AVG_CLIP,
+              "--qe-convert-pytorch")
 FINE_TUNED = "fp32-ft"  # fine-tuned rows compare with fp32 fine-tuned alike (same epochs, LR)
 CONFIGS = (
     Config("fp32", "fp32"),
     Config("ptq8", "PTQ 8/8 sym, per-tensor", "fp32", qe_flags=PTQ_8_PER_TENSOR),
     Config("ptq8pc", "PTQ 8/8 asym_u, per-channel, AVG clip", "fp32",
            qe_flags=PTQ_8_PER_CHANNEL),
+    Config("ptq8pcs", "PTQ 8/8 asym_u acts, sym per-channel wts, AVG", "fp32",
+           qe_flags=PTQ_8_FAST),
     Config("ptq6", "PTQ 6/6 asym_u, per-channel, AVG clip", "fp32",
-           qe_flags=("--qe", "--qe-mode", "asym_u", "--qe-per-channel", "--qe-clip-acts",
-                     "avg", "--qe-bits-acts", "6", "--qe-bits-wts", "6")),
+           qe_flags=("--qe", "--qe-mode", "asym_u", *AVG_CLIP, "--qe-bits-acts", "6",
+                     "--qe-bits-wts", "6")),
     Config("ptq4", "PTQ 4/4 asym_u, per-channel, AVG clip", "fp32",
-           qe_flags=("--qe", "--qe-mode", "asym_u", "--qe-per-channel", "--qe-clip-acts",
-                     "avg", "--qe-bits-acts", "4", "--qe-bits-wts", "4")),
+           qe_flags=("--qe", "--qe-mode", "asym_u", *AVG_CLIP, "--qe-bits-acts", "4",
+                     "--qe-bits-wts", "4")),
     Config(FINE_TUNED, "fp32 fine-tuned (control)", "fp32", schedule="fp32ft"),
     Config("qat8", "QAT 8/8 (fine-tuned)", "fp32", schedule="qat8", baseline=FINE_TUNED),
-    # calibrated on its fake-quantized weights: QAT's tracked ranges lack the batch norms
-    # before residual additions (resnet20_cifar's layer1.0.bn2)
-    Config("qat8-int8", "QAT 8/8 -> int8 kernels (calibrated)", "qat8",
-           qe_flags=("--qe", "--qe-convert-pytorch"), baseline=FINE_TUNED),
+    # with QAT's tracked ranges (the batch norms it left in float, folded now, calibrated)
+    Config("qat8-int8", "QAT 8/8 -> int8 kernels", "qat8",
+           qe_flags=("--qe-convert-pytorch",), baseline=FINE_TUNED, calibrate=False),
     Config("pact4", "PACT a4/w4 (fine-tuned)", "fp32", schedule="pact4", baseline=FINE_TUNED),
     Config("dorefa4", "DoReFa a8/w4 (fine-tuned)", "fp32", schedule="dorefa4",
            baseline=FINE_TUNED),
     Config("agp80", "AGP 80% (fine-tuned)", "fp32", schedule="agp80", baseline=FINE_TUNED),
-    Config("agp80-ptq8", "AGP 80% + PTQ 8/8 per-channel", "agp80", qe_flags=PTQ_8_PER_CHANNEL,
+    Config("agp80-ptq8", "AGP 80% + PTQ 8/8 per-channel", "agp80", qe_flags=PTQ_8_FAST,
            baseline=FINE_TUNED),
 )
 
@@ -182,6 +190,7 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
             str(args.etes), "-p", "0", "--deterministic", "-o", str(out))
     train = ("-a", arch, "-b", str(args.batch_size), "--wd", "1e-4", "--etrs", str(args.etrs))
     log = out / "runs.log"
+    last = _edge_layers(arch)[1]
     runs: dict[str, Path] = {}
     for config in selected_configs(args.configs):
         run = f"{arch}-{config.name}"
@@ -190,8 +199,10 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
             continue
         if config.qe_flags:
             source = runs[config.source] / "checkpoint.pth.tar"
-            _cli("-e", "--resume-from", str(source), *config.qe_flags, "--qe-calibration",
-                 str(args.calibration), *data, "-n", run, log=log)
+            flags = [flag.format(last=last) for flag in config.qe_flags]
+            if config.calibrate:
+                flags += ["--qe-calibration", str(args.calibration)]
+            _cli("-e", "--resume-from", str(source), *flags, *data, "-n", run, log=log)
             continue
         yaml_path = out / f"{run}.yaml"
         if config.schedule is None:

@@ -324,3 +324,26 @@ def test_unknown_class_and_unmatched_override_are_refused() -> None:
         quantizer.prepare(create_model("simplenet_mnist", "mnist"))
     with pytest.raises(QuantizationError, match="recipe"):
         qat_from_recipe(create_model("simplenet_mnist", "mnist"), {"class": "DorefaQuantizer"})
+
+
+def test_pact_gradients_are_those_of_its_gradchecked_clip() -> None:
+    """PACT's backward (straight through the rounding) is the exact gradient of the clip
+    min(relu(x), alpha) in x and alpha; gradcheck verifies that clip numerically."""
+    from compressor.quantization.qat_methods import LearnedClippedLinearQuantization
+
+    def clip(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(torch.relu(x), alpha)
+
+    x = torch.tensor([-1.5, -0.2, 0.3, 1.1, 2.4, 3.9, 5.0], dtype=torch.float64)
+    alpha = torch.tensor([2.0], dtype=torch.float64)
+    assert torch.autograd.gradcheck(clip, (x.clone().requires_grad_(),
+                                           alpha.clone().requires_grad_()), eps=1e-6)
+    pact = LearnedClippedLinearQuantization(4, 2.0).double()
+    x_pact = x.clone().requires_grad_()
+    weights = torch.arange(1.0, 8.0, dtype=torch.float64)  # a non-uniform upstream gradient
+    (pact(x_pact) * weights).sum().backward()
+    x_ref, alpha_ref = x.clone().requires_grad_(), alpha.clone().requires_grad_()
+    (clip(x_ref, alpha_ref) * weights).sum().backward()
+    assert torch.equal(x_pact.grad, x_ref.grad)
+    assert torch.equal(pact.clip_val.grad, alpha_ref.grad)
+    assert float(pact.clip_val.grad) == 5.0 + 6.0 + 7.0  # x >= alpha at 2.4, 3.9, 5.0
