@@ -13,9 +13,12 @@ import io
 import math
 import os
 import statistics
+import subprocess
+import sys
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -147,3 +150,15 @@ def ratio_cell(value: float, base: float, fmt: Callable[[float], str]) -> str:
     if not base:
         return fmt(value)
     return f"{value / base:.2f}x ({fmt(value)})"
+
+
+def run_cli_logged(*args: str, log: Path) -> None:
+    """Run `compress_classifier.py ARGS`, appending the command and its output to `log`."""
+    root = Path(__file__).resolve().parents[1]
+    command = [sys.executable, str(root / "compress_classifier.py"), *args]
+    with open(log, "a") as handle:
+        handle.write("$ " + " ".join(command) + "\n")
+        handle.flush()
+        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=root)
+    if done.returncode != 0:
+        raise SystemExit(f"failed ({done.returncode}): {' '.join(args)}; see {log}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,6 +26,7 @@ from tabulate import tabulate
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common_measure import run_cli_logged  # noqa: E402
 from compressor.metrics import probe_input  # noqa: E402
 from compressor.models import create_model  # noqa: E402
 from compressor.run_setup import load_model  # noqa: E402
@@ -70,16 +70,6 @@ def _schedule(spec: tuple, end_epoch: int, decay_epoch: int) -> str:
     return text + "policies:\n" + policies
 
 
-def _cli(*args: str, log: Path) -> None:
-    command = [sys.executable, str(ROOT / "compress_classifier.py"), *args]
-    with open(log, "a") as handle:
-        handle.write("$ " + " ".join(command) + "\n")
-        handle.flush()
-        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"failed ({done.returncode}): {' '.join(args)}; see {log}")
-
-
 def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Path]:
     """Train every configuration of one arch; returns name -> final checkpoint."""
     element, filters = _prunable(arch)
@@ -99,13 +89,13 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
         if not (out / run / "results.json").exists():
             yaml_path = out / f"{run}.yaml"
             yaml_path.write_text(_schedule(spec, end, decay))
-            _cli(*common, "--compress", str(yaml_path), "-n", run, log=log)
+            run_cli_logged(*common, "--compress", str(yaml_path), "-n", run, log=log)
         finals[name] = out / run / "checkpoint.pth.tar"
     if "filters50" not in runs:
         return finals
     thin = f"{arch}-filters50-thin"
     if not (out / thin / "results.json").exists():
-        _cli("--resume-from", str(finals["filters50"]), "--thinnify", args.data, "-j",
+        run_cli_logged("--resume-from", str(finals["filters50"]), "--thinnify", args.data, "-j",
              str(args.workers), "--etes", str(args.etes), "-o", str(out), "-n", thin, log=log)
     finals["filters50+thin"] = out / thin / "checkpoint.pth.tar"
     return finals

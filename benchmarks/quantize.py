@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common_measure import (  # noqa: E402
     interleaved_latency,
     ratio_cell,
+    run_cli_logged,
     stored_weights_size,
 )
 from compressor.models import create_model  # noqa: E402
@@ -168,16 +168,6 @@ def dense_schedule(epochs: int) -> str:
     return f"version: 1\n{section}policies:\n{policy}"
 
 
-def _cli(*args: str, log: Path) -> None:
-    command = [sys.executable, str(ROOT / "compress_classifier.py"), *args]
-    with open(log, "a") as handle:
-        handle.write("$ " + " ".join(command) + "\n")
-        handle.flush()
-        done = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
-    if done.returncode != 0:
-        raise SystemExit(f"failed ({done.returncode}): {' '.join(args)}; see {log}")
-
-
 def final_checkpoint(run_dir: Path) -> Path:
     """A run's model: the quantized checkpoint of a quantizing run, else its last checkpoint."""
     quantized = run_dir / QUANTIZED_CHECKPOINT
@@ -202,17 +192,17 @@ def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Pat
             flags = [flag.format(last=last) for flag in config.qe_flags]
             if config.calibrate:
                 flags += ["--qe-calibration", str(args.calibration)]
-            _cli("-e", "--resume-from", str(source), *flags, *data, "-n", run, log=log)
+            run_cli_logged("-e", "--resume-from", str(source), *flags, *data, "-n", run, log=log)
             continue
         yaml_path = out / f"{run}.yaml"
         if config.schedule is None:
             yaml_path.write_text(dense_schedule(args.epochs))
-            _cli(*train, "--epochs", str(args.epochs), "--lr", str(args.lr), "--compress",
+            run_cli_logged(*train, "--epochs", str(args.epochs), "--lr", str(args.lr), "--compress",
                  str(yaml_path), *data, "-n", run, log=log)
         else:
             yaml_path.write_text(fine_tune_schedule(config.schedule, arch, args.ft_epochs))
             source = runs[config.source] / "checkpoint.pth.tar"
-            _cli(*train, "--epochs", str(args.ft_epochs), "--lr", str(args.ft_lr),
+            run_cli_logged(*train, "--epochs", str(args.ft_epochs), "--lr", str(args.ft_lr),
                  "--exp-load-weights-from", str(source), "--compress", str(yaml_path), *data,
                  "-n", run, log=log)
     return runs
