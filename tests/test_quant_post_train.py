@@ -98,6 +98,10 @@ def test_recipe_and_packed_checkpoint_reproduce_outputs_bitwise() -> None:
     packed = pack_state_dict(model)
     assert packed["conv1.wrapped.weight_int"].dtype == torch.int8
     assert "conv1.wrapped.weight" not in packed
+    # one-element scales and zero points travel as one vector (fewer tensors, smaller file)
+    assert not [key for key, value in packed.items()
+                if key.endswith(("_scale", "_zero_point")) and value.numel() == 1]
+    assert packed["quantization_scalars"].dtype == torch.float64
     buffer = io.BytesIO()
     torch.save(packed, buffer)
     buffer.seek(0)
