@@ -111,6 +111,13 @@ def test_recipe_and_packed_checkpoint_reproduce_outputs_bitwise() -> None:
     assert torch.equal(fresh(x), expected)
     for key, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[key], value), key
+    # the first format, scales and zero points one tensor each, still loads
+    one_by_one = {key: value for key, value in loaded.items() if key != "quantization_scalars"}
+    one_by_one.update({key: value for key, value in model.state_dict().items()
+                       if key.endswith(("_scale", "_zero_point")) and value.numel() == 1})
+    again = quantize_from_recipe(create_model("resnet20_cifar", "cifar10"), quantizer.recipe())
+    again.load_state_dict(unpack_state_dict(again, one_by_one))
+    assert torch.equal(again(x), expected)
 
 
 def test_packed_weights_are_int8_and_four_times_smaller() -> None:

@@ -65,7 +65,8 @@ def unpack_state_dict(model: nn.Module, packed: Mapping[str, Tensor]) -> dict[st
     state = dict(packed)
     reference = model.state_dict()
     scalars = _scalar_keys(reference)
-    if scalars:
+    if scalars and not (SCALARS_KEY not in state and all(key in state for key in scalars)):
+        # (a checkpoint holding them one by one, as the first format did, loads as it is)
         vector = state.pop(SCALARS_KEY, None)
         if not isinstance(vector, Tensor) or vector.shape != (len(scalars),):
             raise QuantizationError(f"the packed checkpoint's '{SCALARS_KEY}' does not hold the "
