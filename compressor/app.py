@@ -130,8 +130,9 @@ def _quantize_config(args: argparse.Namespace) -> QuantizeConfig:
 
 def _refuse_quantized(args: argparse.Namespace, setup: RunSetup, training: bool) -> None:
     """A post-training quantized checkpoint is evaluated or converted, never trained or thinned."""
-    recipe = setup.description.recipe("quantization")
-    if not isinstance(recipe, dict) or recipe.get("kind") != "post_train":
+    from compressor.transforms import quantization_kind
+
+    if quantization_kind(setup.description) != "post_train":
         return
     mode = "training" if training else next(
         (flag for flag, on in (("--thinnify", args.thinnify), ("--sense", args.sense),

@@ -198,11 +198,9 @@ def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
 def _post_training_quantized(model: nn.Module) -> bool:
     """Whether the model is post-training quantized (its weights are stored as integers)."""
     from compressor.models.description import described
+    from compressor.transforms import quantization_kind
 
-    if not described(model):
-        return False
-    recipe = description_of(model).recipe("quantization")
-    return isinstance(recipe, Mapping) and recipe.get("kind") == "post_train"
+    return described(model) and quantization_kind(description_of(model)) == "post_train"
 
 
 def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

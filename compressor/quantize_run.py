@@ -24,7 +24,7 @@ from compressor.config import LoaderConfig, QuantizeConfig
 from compressor.models.description import ModelDescription, describe, description_of
 from compressor.quantization.errors import QuantizationError
 from compressor.run_setup import RunSetup
-from compressor.transforms import QUANTIZATION, attach_stored_form, record_transform
+from compressor.transforms import QUANTIZATION, int8_model, quantization_kind, record_transform
 
 __all__ = ["QuantizedModel", "QUANTIZED_CHECKPOINT", "DEFAULT_CALIBRATION", "cli_settings",
            "config_file_settings", "calibrate", "prepare_quantized_model", "quantization_facts",
@@ -158,13 +158,12 @@ def _post_train(float_model: nn.Module, settings: Any, stats: dict[str, Any] | N
 
 
 def _convert(simulated: nn.Module, backend: str) -> nn.Module:
-    from compressor.quantization.int8 import check_convertible, convert_to_int8
+    from compressor.quantization.int8 import check_convertible
 
     check_convertible(simulated)
     recipe = dict(description_of(simulated).recipe(QUANTIZATION))
     record_transform(simulated, QUANTIZATION, {**recipe, "kernels": "int8", "backend": backend})
-    converted = convert_to_int8(simulated.cpu(), backend)
-    return attach_stored_form(describe(converted, description_of(simulated)), simulated)
+    return int8_model(simulated, backend)
 
 
 def quantization_facts(model: nn.Module) -> dict[str, Any]:
@@ -179,22 +178,33 @@ def quantization_facts(model: nn.Module) -> dict[str, Any]:
             "clip_acts": settings.get("clip_acts")}
 
 
+def _kind_to_quantize(model: nn.Module, config: QuantizeConfig, source: str) -> str | None:
+    """The model's quantization kind; a post-training quantized one is never quantized again."""
+    kind = quantization_kind(description_of(model))
+    if kind == "post_train" and config.quantize:
+        raise QuantizationError(f"{source} is already quantized (post-training); evaluate it "
+                                "with -e alone, add --qe-convert-pytorch for int8 kernels, or "
+                                "quantize the float checkpoint it came from")
+    return kind
+
+
+def _requested_settings(config: QuantizeConfig) -> tuple[Any, Path | None]:
+    """(QuantSettings, stats path or None) of --qe-config-file, else of the --qe-* flags."""
+    if config.config_file is not None:
+        return config_file_settings(config.config_file)
+    return cli_settings(config), None
+
+
 def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) -> None:
     """Refuse a bad quantization request before any file is written: settings, layer names,
     the statistics file, widths that int8 kernels cannot take, quantizing twice."""
     from compressor.quantization.settings import resolve_layers
     from compressor.quantization.stats import load_stats
 
-    recipe = description_of(model).recipe(QUANTIZATION)
-    kind = recipe.get("kind") if isinstance(recipe, Mapping) else None
-    if kind == "post_train" and config.quantize:
-        raise QuantizationError(f"{source} is already quantized (post-training); evaluate it "
-                                "with -e alone, add --qe-convert-pytorch for int8 kernels, or "
-                                "quantize the float checkpoint it came from")
+    kind = _kind_to_quantize(model, config, source)
     if config.calibrate_only or kind is not None:
         return
-    settings, stats_path = (config_file_settings(config.config_file)
-                            if config.config_file is not None else (cli_settings(config), None))
+    settings, stats_path = _requested_settings(config)
     layers = resolve_layers(model, settings)
     if config.convert:
         widths = {bits for layer in layers.values()
@@ -217,14 +227,10 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
     with its tracked ranges (and the settings it trained with); a post-training quantized one
     is only converted (--qe-convert-pytorch), never quantized twice.
     """
+    kind = _kind_to_quantize(model, config, source)
     recipe = description_of(model).recipe(QUANTIZATION)
-    kind = recipe.get("kind") if isinstance(recipe, Mapping) else None
     facts: dict[str, Any] = {}
     if kind == "post_train":
-        if config.quantize:
-            raise QuantizationError(f"{source} is already quantized (post-training); evaluate it "
-                                    "with -e alone, add --qe-convert-pytorch for int8 kernels, or "
-                                    "quantize the float checkpoint it came from")
         if recipe.get("kernels") == "int8":  # rebuilt with int8 kernels already: nothing to do
             return QuantizedModel(model, None, quantization_facts(model))
         simulated = model
@@ -244,10 +250,8 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
                                      f"(other layers: {facts['stats_source']})")
         simulated = _post_train(float_model, settings, stats, config.dynamic)
     else:
-        settings, stats_path = (config_file_settings(config.config_file)
-                                if config.config_file is not None else (cli_settings(config), None))
-        float_model = copy.deepcopy(model)
-        describe(float_model, description_of(model))
+        settings, stats_path = _requested_settings(config)
+        float_model = copy.deepcopy(model)  # keeps its description
         stats = _stats_for(config, stats_path, float_model, dataset, batch_size, seed, facts)
         simulated = _post_train(float_model, settings, stats, config.dynamic)
     evaluated = simulated
@@ -308,8 +312,9 @@ def run_quantization(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
 
 
 def _checkpoint_facts(simulated: nn.Module, path: Path) -> dict[str, Any]:
-    """Sizes and counts of the quantized model (its integer weights), for results.json."""
-    from compressor.metrics import model_metrics
+    """Sizes of the quantized model (its integer weights) and of its checkpoint."""
+    from compressor.metrics import model_file_size
 
-    return {f"quantized_{key}": value for key, value in model_metrics(simulated, path).items()
-            if key in ("model_file_size", "model_file_size_compressed", "checkpoint_file_size")}
+    size, compressed = model_file_size(simulated)
+    return {"quantized_model_file_size": size, "quantized_model_file_size_compressed": compressed,
+            "quantized_checkpoint_file_size": path.stat().st_size}

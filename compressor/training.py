@@ -32,7 +32,7 @@ from compressor.models.description import description_of
 from compressor.reports import open_epoch_reports
 from compressor.run_dir import write_metrics_csv
 from compressor.run_setup import RunSetup
-from compressor.transforms import QUANTIZATION
+from compressor.transforms import quantization_kind
 
 __all__ = ["TrainState", "check_resume_epochs", "start_distillation", "run_training"]
 
@@ -116,8 +116,7 @@ def _heap_frozen() -> Iterator[None]:
 def _trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The optimizer's first group: a quantizer's own parameters (PACT's clipping values) are
     left out, since the schedule adds them as their own group (as on the first run)."""
-    recipe = description_of(model).recipe(QUANTIZATION)
-    if not (isinstance(recipe, Mapping) and recipe.get("kind") == "qat"):
+    if quantization_kind(description_of(model)) != "qat":
         return list(model.parameters())
     from compressor.quantization.qat import quantizer_parameter_names
 

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from compressor.errors import CheckpointError
 from compressor.models.description import (
+    ModelDescription,
     TransformStep,
     describe,
     description_of,
@@ -28,7 +29,7 @@ from compressor.models.registry import get_arch_spec
 __all__ = ["Transform", "MemoryVariantTransform", "ThinningTransform", "QuantizationTransform",
            "TRANSFORMS", "QUANTIZATION", "get_transform", "apply_transform", "apply_recipes",
            "record_transform", "finish_loaded_model", "recipe_of", "thin", "probe_batch",
-           "attach_stored_form", "stored_form"]
+           "attach_stored_form", "stored_form", "quantization_kind", "int8_model"]
 
 PROBE_SEED = 0  # thinning's probe batch is the same on every rank and in every rerun
 QUANTIZATION = "quantization"
@@ -109,11 +110,22 @@ class QuantizationTransform:
         """With its weights loaded, a model quantized for int8 kernels is converted to them."""
         if recipe.get("kind") != "post_train" or recipe.get("kernels") != "int8":
             return model
-        from compressor.quantization.int8 import convert_to_int8
+        return int8_model(model, recipe.get("backend", "x86"))
 
-        description = description_of(model)
-        converted = convert_to_int8(model.cpu(), recipe.get("backend", "x86"))
-        return attach_stored_form(describe(converted, description), model)
+
+def quantization_kind(description: ModelDescription) -> str | None:
+    """'post_train' or 'qat' when the description records quantization, else None."""
+    recipe = description.recipe(QUANTIZATION)
+    return recipe.get("kind") if isinstance(recipe, Mapping) else None
+
+
+def int8_model(simulated: nn.Module, backend: str) -> nn.Module:
+    """The int8-kernel model of a simulated post-training quantized one (on the CPU), with its
+    description, remembering `simulated` as the form checkpoints store."""
+    from compressor.quantization.int8 import convert_to_int8
+
+    converted = convert_to_int8(simulated.cpu(), backend)
+    return attach_stored_form(describe(converted, description_of(simulated)), simulated)
 
 
 TRANSFORMS: Mapping[str, Transform] = MappingProxyType({
