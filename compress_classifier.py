@@ -3,7 +3,7 @@
 
 import sys
 
-from compressor.app import main
+from compressor.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

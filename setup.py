@@ -29,7 +29,9 @@ setup(
     extras_require={
         "onnx": ONNX,
         "tensorboard": TENSORBOARD,
-        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6", *ONNX, *TENSORBOARD],
+        # import-linter checks the layer contract of pyproject.toml (scripts/test.sh)
+        "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6", "import-linter==2.17",
+                *ONNX, *TENSORBOARD],
     },
-    entry_points={"console_scripts": ["compress-classifier=compressor.app:main"]},
+    entry_points={"console_scripts": ["compress-classifier=compressor.cli:main"]},
 )

@@ -25,8 +25,8 @@ import torch
 from torch import Tensor, nn
 from torch.ao.nn import quantized as nnq
 
-from compressor.checkpoint import load_checkpoint
 from compressor.models.description import description_of
+from compressor.training.checkpoint import load_checkpoint
 
 __all__ = ["stored_weights_size", "weight_counts", "count_macs", "model_input",
            "interleaved_latency", "ratio_cell"]

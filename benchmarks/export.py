@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from prune_fashion_mnist import _cli, run_configs  # noqa: E402  (benchmarks/ is on sys.path)
 
+from compressor.assembly.setup import load_model  # noqa: E402
 from compressor.models import description_of  # noqa: E402
-from compressor.run_setup import load_model  # noqa: E402
 
 ARCHS = ("simplenet_mnist", "resnet20_cifar")
 MODELS = {"dense": "dense", "thinned": "filters50+thin"}  # table name -> run_configs name

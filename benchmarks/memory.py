@@ -28,10 +28,10 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compressor.losses import aux_logits, main_logits  # noqa: E402
 from compressor.memory import apply_memory_variant, measure_saved_bytes  # noqa: E402
 from compressor.memory.variants import supported_variants  # noqa: E402
 from compressor.models import create_model, get_arch_spec  # noqa: E402
+from compressor.training.losses import aux_logits, main_logits  # noqa: E402
 
 MIB = 2 ** 20
 DEFAULT_MODELS = ("densenet_bc_100_cifar", "resnet56_cifar", "vgg16_bn_cifar", "resnet50",

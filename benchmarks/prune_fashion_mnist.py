@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common_measure import run_cli_logged  # noqa: E402
-from compressor.metrics import probe_input  # noqa: E402
+from compressor.assembly.setup import load_model  # noqa: E402
 from compressor.models import create_model  # noqa: E402
-from compressor.run_setup import load_model  # noqa: E402
+from compressor.reports.metrics import probe_input  # noqa: E402
 
 ARCHS = ("resnet20_cifar", "simplenet_mnist")
 CONFIGS = ("agp80", "agp90", "filters50")  # besides the dense baseline, always run

@@ -37,8 +37,8 @@ from benchmarks.common_measure import (  # noqa: E402
     run_cli_logged,
     stored_weights_size,
 )
+from compressor.assembly.setup import load_model  # noqa: E402
 from compressor.models import create_model  # noqa: E402
-from compressor.run_setup import load_model  # noqa: E402
 
 ARCHS = ("simplenet_mnist", "resnet20_cifar")
 QUANTIZED_CHECKPOINT = "quantized_checkpoint.pth.tar"

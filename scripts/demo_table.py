@@ -29,7 +29,7 @@ from benchmarks.common_measure import (  # noqa: E402
     stored_weights_size,
     weight_counts,
 )
-from compressor.run_setup import load_model  # noqa: E402
+from compressor.assembly.setup import load_model  # noqa: E402
 
 __all__ = ["STAGES", "StageFigures", "stage_checkpoint", "stage_top1", "measure_stages",
            "format_table", "resume_hint", "main"]

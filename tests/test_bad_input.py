@@ -16,11 +16,12 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from compressor.cli import parse_args
+from compressor.cli.parser import parse_args
 from compressor.data import load_datasets
 from compressor.data.idx import IMAGES_MAGIC
-from compressor.errors import DataError
-from compressor.models.input_spec import DATASET_INPUT_SPECS, InputSpec
+from compressor.utils.dataset_table import DATASET_INPUT_SPECS
+from compressor.utils.errors import DataError
+from compressor.utils.input_spec import InputSpec
 from tests.conftest import assert_user_error, run_cli
 from tests.test_data_cifar import write_cifar10
 from tests.test_data_idx import write_mnist

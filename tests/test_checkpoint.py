@@ -13,21 +13,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from compressor.checkpoint import (
+from compressor.assembly.state import plain_state_dict
+from compressor.training.checkpoint import (
     clean_state_dict,
     get_rng_state,
     load_checkpoint,
-    plain_state_dict,
     require_full_checkpoint,
     save_checkpoint,
     set_rng_state,
 )
-from compressor.errors import CheckpointError
+from compressor.utils.errors import CheckpointError
 from tests.conftest import ROOT, cli_env
 
 SAVER = """
 import sys, torch
-from compressor.checkpoint import save_checkpoint
+from compressor.training.checkpoint import save_checkpoint
 path, step = sys.argv[1], 0
 print("ready", flush=True)
 while True:

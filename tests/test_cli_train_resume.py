@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from compressor.checkpoint import REQUIRED_KEYS, load_checkpoint, save_checkpoint
+from compressor.training.checkpoint import REQUIRED_KEYS, load_checkpoint, save_checkpoint
 from tests.conftest import run_cli
 
 TRAIN = ("-a", "simplenet_digits", "-b", "64", "-j", "0", "--lr", "0.05", "--deterministic",

@@ -15,16 +15,16 @@ import pytest
 import torch
 import yaml
 
-from compressor.engine import train_one_epoch
-from compressor.errors import ScheduleError, UsageError
-from compressor.losses import cross_entropy
 from compressor.models.description import description_of
-from compressor.models.registry import create_model, get_arch_spec, list_archs
+from compressor.models.factory import create_model, get_arch_spec, list_archs
 from compressor.pruning import LevelPruner, sparsity
 from compressor.quantization.qat import is_qat_prepared
 from compressor.schedule import load_schedule
 from compressor.schedule.loader import SECTIONS
 from compressor.schedule.policies import ExtensionPolicy, PruningPolicy
+from compressor.training.loop import train_one_epoch
+from compressor.training.losses import cross_entropy
+from compressor.utils.errors import ScheduleError, UsageError
 from tests.conftest import CORPUS, ROOT, requires_corpus, run_cli
 
 FILES = sorted(CORPUS.rglob("*.yaml")) if CORPUS.is_dir() else []
@@ -63,8 +63,8 @@ def pristine() -> dict[str, torch.nn.Module]:
 def run_post_training_config(source: Path, arch: str, pristine: dict[str, torch.nn.Module]
                              ) -> None:
     """Distiller's post-training YAML (-e --qe --qe-config-file): its stats file, one evaluation."""
-    from compressor.config import QuantizeConfig
-    from compressor.quantize_run import prepare_quantized_model
+    from compressor.commands.quantize import prepare_quantized_model
+    from compressor.utils.config import QuantizeConfig
 
     if arch not in pristine:
         torch.manual_seed(0)

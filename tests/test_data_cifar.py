@@ -13,8 +13,8 @@ import torch
 
 from compressor.data import build_transforms, load_datasets
 from compressor.data.cifar import safe_load_batch
-from compressor.errors import DataError
-from compressor.models.input_spec import DATASET_INPUT_SPECS
+from compressor.utils.dataset_table import DATASET_INPUT_SPECS
+from compressor.utils.errors import DataError
 
 CIFAR10_SPEC = DATASET_INPUT_SPECS["cifar10"]
 

@@ -11,8 +11,9 @@ from torchvision.models import ResNet18_Weights
 
 from compressor.data import load_datasets, load_test_dataset
 from compressor.data.imagenet_classes import imagenet_wnids
-from compressor.errors import DataError
-from compressor.models.input_spec import DATASET_INPUT_SPECS, InputSpec
+from compressor.utils.dataset_table import DATASET_INPUT_SPECS
+from compressor.utils.errors import DataError
+from compressor.utils.input_spec import InputSpec
 from tests.test_data_cifar import write_cifar10
 from tests.test_data_idx import write_mnist
 

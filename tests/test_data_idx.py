@@ -11,8 +11,9 @@ import pytest
 
 from compressor.data import load_datasets
 from compressor.data.idx import IMAGES_MAGIC, LABELS_MAGIC, read_idx
-from compressor.errors import DataError
-from compressor.models.input_spec import DATASET_INPUT_SPECS, InputSpec
+from compressor.utils.dataset_table import DATASET_INPUT_SPECS
+from compressor.utils.errors import DataError
+from compressor.utils.input_spec import InputSpec
 
 MNIST_SPEC = DATASET_INPUT_SPECS["mnist"]
 

@@ -10,8 +10,8 @@ from PIL import Image
 from torch.utils.data import DataLoader
 
 from compressor.data import load_datasets
-from compressor.errors import DataError
-from compressor.models.input_spec import InputSpec
+from compressor.utils.errors import DataError
+from compressor.utils.input_spec import InputSpec
 
 SPEC = InputSpec((3, 24, 24), 28, 24, (0.485, 0.456, 0.406), (0.229, 0.224, 0.225), "bicubic")
 
@@ -88,7 +88,7 @@ def test_corrupt_image_message_survives_a_worker(imagenet_root: Path) -> None:
         next(iter(loader))
     lines = [line for line in str(info.value).splitlines() if "corrupt image file" in line]
     # The worker re-raises DataError(message + traceback); the last such line is ours.
-    assert lines[-1].startswith("compressor.errors.DataError: corrupt image file ")
+    assert lines[-1].startswith("compressor.utils.errors.DataError: corrupt image file ")
     assert str(bad) in lines[-1]
 
 

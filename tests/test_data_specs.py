@@ -9,23 +9,23 @@ from types import MappingProxyType
 import pytest
 import torch
 
-from compressor import datasets
-from compressor.cli import get_args_parser
+from compressor.cli.parser import get_args_parser
 from compressor.data import DATASET_NAMES, build_transforms, load_datasets, load_test_dataset
 from compressor.data import load as data_load
 from compressor.data.splits import LoadRequest, RawSplits, TensorImageDataset
-from compressor.datasets import (
+from compressor.models.registry import DATASETS
+from compressor.utils import dataset_table as datasets
+from compressor.utils.dataset_table import (
+    DATASET_INPUT_SPECS,
+    DATASET_NUM_CLASSES,
     DATASET_SPECS,
     NO_AUGMENT,
     DatasetSpec,
-    LazyLoader,
     dataset_names,
     dataset_spec,
 )
-from compressor.errors import UsageError
-from compressor.input_spec import InputSpec
-from compressor.models.input_spec import DATASET_INPUT_SPECS, DATASET_NUM_CLASSES
-from compressor.models.registry import DATASETS
+from compressor.utils.errors import UsageError
+from compressor.utils.input_spec import InputSpec
 from tests.conftest import ROOT
 
 TINY_SPEC = InputSpec((1, 4, 4), 4, 4, (0.5,), (0.25,), "nearest")
@@ -39,8 +39,8 @@ def load_tiny(request: LoadRequest, *, count: int) -> RawSplits:
     return RawSplits(split if request.train else None, split, 3)
 
 
-TINY = DatasetSpec("tiny", 3, TINY_SPEC, (1, 4), False, NO_AUGMENT,
-                   LazyLoader(__name__, "load_tiny", MappingProxyType({"count": 6})))
+TINY = DatasetSpec("tiny", 3, TINY_SPEC, (1, 4), False, NO_AUGMENT, "tiny", (),
+                   MappingProxyType({"count": 6}))
 
 
 def test_every_consumer_lists_the_table() -> None:
@@ -66,6 +66,8 @@ def test_a_new_row_is_visible_to_cli_loaders_and_transforms(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(datasets, "DATASET_SPECS",
                         MappingProxyType({**DATASET_SPECS, "tiny": TINY}))
+    monkeypatch.setattr(data_load, "LOADERS",
+                        MappingProxyType({**data_load.LOADERS, "tiny": load_tiny}))
     assert "tiny" in dataset_names()
     args = get_args_parser().parse_args(["--dataset", "tiny", "-a", "x"])
     assert args.dataset == "tiny"
@@ -105,10 +107,10 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_models_and_the_table_import_no_data_loader() -> None:
-    files = [*(ROOT / "compressor" / "models").rglob("*.py"), ROOT / "compressor" / "datasets.py"]
+    files = [*(ROOT / "compressor" / "models").rglob("*.py"),
+             ROOT / "compressor" / "utils" / "dataset_table.py"]
     for path in files:
         data_imports = {name for name in _imported_modules(path)
                         if name == "compressor.data" or name.startswith("compressor.data.")}
         assert not data_imports, (path, data_imports)
-    assert all(loader.module.startswith("compressor.data.")
-               for loader in (spec.loader for spec in DATASET_SPECS.values()))
+    assert all(spec.loader in data_load.LOADERS for spec in DATASET_SPECS.values())

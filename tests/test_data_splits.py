@@ -21,9 +21,10 @@ from compressor.data.splits import (
     split_train_val,
     take_subset,
 )
-from compressor.errors import DataError, UsageError
-from compressor.models.input_spec import DATASET_INPUT_SPECS, InputSpec
 from compressor.models.registry import DATASETS
+from compressor.utils.dataset_table import DATASET_INPUT_SPECS
+from compressor.utils.errors import DataError, UsageError
+from compressor.utils.input_spec import InputSpec
 
 DIGITS_SPEC = DATASET_INPUT_SPECS["digits"]
 SMALL_SPEC = InputSpec((3, 8, 8), 8, 8, (0.5,) * 3, (0.5,) * 3, "bilinear")

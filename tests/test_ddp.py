@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from compressor.checkpoint import load_checkpoint
+from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import run_cli, run_torchrun
 
 

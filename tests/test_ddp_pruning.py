@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compressor.checkpoint import load_checkpoint
+from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import CORPUS, requires_corpus, run_cli, run_torchrun
 
 # Tiny synthetic runs: 72 training samples (36 per rank), 16 test samples; with -b 4 a rank has

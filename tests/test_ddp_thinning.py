@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from compressor.checkpoint import load_checkpoint
+from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import CORPUS, requires_corpus, run_cli, run_torchrun
 
 SCHEDULE = "agp-pruning/resnet20_filters.schedule_agp.yaml"

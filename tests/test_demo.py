@@ -12,9 +12,10 @@ from types import ModuleType
 import pytest
 import torch
 
-from compressor.checkpoint import assemble_checkpoint, save_run_checkpoint
+from compressor.assembly.state import assemble_checkpoint
 from compressor.models import create_model
-from compressor.transforms import thin
+from compressor.thinning.transform import thin
+from compressor.training.checkpoint import save_run_checkpoint
 from tests.conftest import run_cli, trained_like_batchnorms
 
 ROOT = Path(__file__).resolve().parents[1]

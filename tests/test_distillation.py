@@ -13,8 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torchvision.models import InceptionOutputs, get_model, get_model_weights
 
-from compressor.checkpoint import assemble_checkpoint, save_checkpoint
-from compressor.config import DistillationConfig, ModelRequest
+from compressor.assembly.state import assemble_checkpoint
 from compressor.distillation import (
     Distillation,
     DistillationLoss,
@@ -22,14 +21,15 @@ from compressor.distillation import (
     check_resume_without_distillation,
     distillation_loss,
 )
-from compressor.engine import train_one_epoch
-from compressor.errors import CheckpointError, UsageError
-from compressor.input_spec import IMAGENET_MEAN, IMAGENET_STD
-from compressor.losses import cross_entropy, get_loss, main_logits
 from compressor.models import create_model
 from compressor.models.description import ModelDescription, describe, description_of
-from compressor.models.input_spec import InputSpec
 from compressor.models.pretrained import pretrained_weights_path
+from compressor.training.checkpoint import save_checkpoint
+from compressor.training.loop import train_one_epoch
+from compressor.training.losses import cross_entropy, get_loss, main_logits
+from compressor.utils.config import DistillationConfig, ModelRequest
+from compressor.utils.errors import CheckpointError, UsageError
+from compressor.utils.input_spec import IMAGENET_MEAN, IMAGENET_STD, InputSpec
 
 CPU = torch.device("cpu")
 DIGITS = InputSpec((1, 8, 8), 8, 8, (0.3054,), (0.3761,), "nearest")
@@ -303,7 +303,7 @@ def test_teachers_without_weights_or_of_another_arch_are_refused(teacher_path: P
     (["-a", "simplenet_digits", "--kd-pretrained"], "--kd-pretrained needs --kd-teacher ARCH"),
 ])
 def test_kd_flags_that_would_do_nothing_are_refused(argv: list[str], fragment: str) -> None:
-    from compressor.cli import parse_args
+    from compressor.cli.parser import parse_args
 
     teacher = [] if "--kd-pretrained" in argv else ["--kd-resume", "teacher.pth.tar"]
     with pytest.raises(UsageError, match=fragment):

@@ -11,9 +11,10 @@ import pytest
 import torch
 import yaml
 
-from compressor.checkpoint import assemble_checkpoint, load_checkpoint, save_checkpoint
+from compressor.assembly.state import assemble_checkpoint
 from compressor.models import create_model
 from compressor.models.description import description_of
+from compressor.training.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import assert_user_error, run_cli, run_main
 from tests.test_cli_train_resume import _assert_tensors_equal, _metrics
 

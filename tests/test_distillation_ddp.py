@@ -6,9 +6,10 @@ from pathlib import Path
 
 import torch
 
-from compressor.checkpoint import assemble_checkpoint, load_checkpoint, save_checkpoint
+from compressor.assembly.state import assemble_checkpoint
 from compressor.models import create_model
 from compressor.models.description import description_of
+from compressor.training.checkpoint import load_checkpoint, save_checkpoint
 from tests.conftest import run_cli, run_torchrun
 from tests.test_data_idx import write_mnist
 

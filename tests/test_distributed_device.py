@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from compressor import distributed
-from compressor.distributed import init_distributed, pick_device
-from compressor.errors import UsageError
+from compressor.utils import distributed
+from compressor.utils.distributed import init_distributed, pick_device
+from compressor.utils.errors import UsageError
 from tests.conftest import assert_user_error, run_cli
 
 

@@ -9,11 +9,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from compressor.errors import CompressorError, UsageError
-from compressor.export import EXPORT_JSON, ExportError, export_form, export_onnx
+from compressor.assembly.recipes import apply_transform
+from compressor.export.onnx import EXPORT_JSON, export_form, export_onnx
 from compressor.memory import InPlaceABN
 from compressor.models import InputSpec, ModelDescription, create_model, describe
-from compressor.transforms import apply_transform
+from compressor.utils.errors import CompressorError, ExportError, UsageError
 
 ort = pytest.importorskip("onnxruntime", reason="install the onnx extra: pip install -e '.[onnx]'")
 

@@ -17,10 +17,11 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from compressor.checkpoint import assemble_checkpoint, save_checkpoint
+from compressor.assembly.setup import load_model
+from compressor.assembly.state import assemble_checkpoint
 from compressor.models import create_model, description_of
-from compressor.run_setup import load_model
-from compressor.transforms import thin
+from compressor.thinning.transform import thin
+from compressor.training.checkpoint import save_checkpoint
 from tests.conftest import (
     ROOT,
     assert_user_error,

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torchvision.models import GoogLeNetOutputs, InceptionOutputs
 
-from compressor.engine import count_correct
-from compressor.losses import cross_entropy, get_loss, main_logits
 from compressor.models import create_model, get_arch_spec
 from compressor.models.description import description_of
+from compressor.training.loop import count_correct
+from compressor.training.losses import cross_entropy, get_loss, main_logits
 
 
 def _logits(seed: int) -> torch.Tensor:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compressor.checkpoint import load_checkpoint
 from compressor.models import ModelDescription
+from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import run_cli, run_torchrun
 
 TRAIN = ("-a", "resnet20_cifar", "--dataset", "synthetic", "-b", "16", "-j", "0", "--cpu",

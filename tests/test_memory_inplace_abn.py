@@ -9,7 +9,6 @@ import torch
 from torch import nn
 from torch.autograd import gradcheck
 
-from compressor.errors import UsageError
 from compressor.memory import (
     InPlaceABN,
     InPlaceABNFunction,
@@ -19,6 +18,7 @@ from compressor.memory import (
     training_divergence,
 )
 from compressor.models import create_model, get_arch_spec, list_archs
+from compressor.utils.errors import UsageError
 
 ACTIVATIONS = (("leaky_relu", 0.01), ("elu", 1.0), ("identity", 0.0))
 # Every architecture that can be built with in-place ABN: the CIFAR ResNets and _bn VGGs.

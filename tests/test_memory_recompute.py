@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch import nn
 
-from compressor.errors import UsageError
 from compressor.memory import (
     MEMORY_VARIANTS,
     apply_memory_variant,
@@ -18,6 +17,7 @@ from compressor.memory import (
     training_divergence,
 )
 from compressor.models import create_model, get_arch_spec, list_archs
+from compressor.utils.errors import UsageError
 
 RECOMPUTE_ARCHS = [a for a in list_archs() if get_arch_spec(a).checkpoint_blocks]
 # Every architecture with the variant is trained side by side with its plain model, except

@@ -9,9 +9,9 @@ import torch
 import torch.fx
 from torch import nn
 
-from compressor.errors import UsageError
 from compressor.memory import apply_memory_variant, is_checkpointed, supported_variants
 from compressor.models import create_model, get_arch_spec
+from compressor.utils.errors import UsageError
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,20 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 
-from compressor.checkpoint import (
+from compressor.assembly.builder import build_model
+from compressor.assembly.recipes import TRANSFORMS, apply_transform
+from compressor.assembly.setup import load_model
+from compressor.assembly.state import assemble_checkpoint
+from compressor.models import create_model
+from compressor.models.description import ModelDescription, TransformStep, description_of
+from compressor.thinning.transform import thin
+from compressor.training.checkpoint import (
     FORMAT_VERSION,
-    assemble_checkpoint,
     load_checkpoint,
     read_description,
     save_checkpoint,
     save_run_checkpoint,
 )
-from compressor.errors import CheckpointError
-from compressor.model_builder import build_model
-from compressor.models import create_model
-from compressor.models.description import ModelDescription, TransformStep, description_of
-from compressor.run_setup import load_model
-from compressor.transforms import TRANSFORMS, apply_transform, thin
+from compressor.utils.errors import CheckpointError
 
 
 def _prune_filters(model: torch.nn.Module, layer: str, filters: list[int]) -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compressor.metrics import count_macs
 from compressor.models import create_model, list_archs
+from compressor.reports.metrics import count_macs
 from compressor.thinning import thin_model
 
 PREACT = [f"preact_resnet{d}_cifar" for d in (20, 32, 44, 56, 110)]

@@ -9,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compressor.engine import train_one_epoch
-from compressor.losses import cross_entropy
 from compressor.pruning import agp_sparsity, element_mask, sparsity
 from compressor.pruning.base import PruneStep
 from compressor.schedule import build_scheduler
+from compressor.training.loop import train_one_epoch
+from compressor.training.losses import cross_entropy
 
 
 class Tiny(nn.Module):

@@ -11,14 +11,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compressor import distributed
-from compressor.distributed import (
-    ReplicaMismatchError,
-    checksum,
-    shared_generator,
-    verify_identical,
-)
-from compressor.errors import ScheduleError
 from compressor.pruning import (
     ActivationAPoZRankedFilterPruner,
     BernoulliFilterPruner,
@@ -26,6 +18,14 @@ from compressor.pruning import (
 )
 from compressor.pruning.base import PruneStep
 from compressor.schedule import build_scheduler
+from compressor.utils import distributed
+from compressor.utils.distributed import (
+    ReplicaMismatchError,
+    checksum,
+    shared_generator,
+    verify_identical,
+)
+from compressor.utils.errors import ScheduleError
 from tests.test_pruning_pruners import run_schedule, tiny
 
 

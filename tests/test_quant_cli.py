@@ -10,10 +10,10 @@ import pytest
 import torch
 import yaml
 
-from compressor.checkpoint import load_checkpoint
+from compressor.assembly.setup import load_model
 from compressor.models.description import description_of
 from compressor.quantization.stats import load_stats
-from compressor.run_setup import load_model
+from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import run_cli
 
 COMMON = ("-b", "64", "-j", "0", "--deterministic", "-p", "0")
@@ -225,8 +225,10 @@ def test_pact_trains_its_clipping_values(trained: Path, tmp_path: Path) -> None:
 
 def test_pruned_and_thinned_checkpoint_quantizes(trained: Path, tmp_path: Path) -> None:
     """Thinning, then element-wise pruning, then int8: zeros stay exact zeros, -e reproduces."""
-    from compressor.checkpoint import assemble_checkpoint, save_checkpoint
-    from compressor.transforms import stored_form, thin
+    from compressor.assembly.state import assemble_checkpoint
+    from compressor.models.description import stored_form
+    from compressor.thinning.transform import thin
+    from compressor.training.checkpoint import save_checkpoint
 
     model = load_model(trained)
     with torch.no_grad():

@@ -7,9 +7,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compressor.models.registry import create_model
+from compressor.models.factory import create_model
 from compressor.quantization.errors import QuantizationError
-from compressor.quantization.int8 import check_convertible, convert_to_int8
+from compressor.quantization.int8 import check_convertible, convert_to_int8, kernels_saturate
 from compressor.quantization.post_train import PostTrainLinearQuantizer
 from compressor.quantization.range_linear import quantize
 from compressor.quantization.settings import settings_from_args
@@ -31,7 +31,9 @@ def _quantized(arch: str, dataset: str, shape: tuple[int, ...], args: dict) -> n
     model = trained_like_batchnorms(create_model(arch, dataset))
     calibration = _inputs(128, shape, seed=1)
     stats = collect_stats(model, [calibration[:64], calibration[64:]])
-    return PostTrainLinearQuantizer(settings_from_args(args, "q"), stats).quantize(model)
+    # activations on the 7-bit grid where this CPU's x86 kernels need it (no VNNI)
+    settings = settings_from_args({"reduce_range": kernels_saturate("x86"), **args}, "q")
+    return PostTrainLinearQuantizer(settings, stats).quantize(model)
 
 
 @pytest.mark.parametrize("args", [{}, {"mode": "asym_u", "per_channel_wts": True}])
@@ -88,3 +90,44 @@ def test_float_model_and_unknown_backend_are_refused() -> None:
         convert_to_int8(model)
     with pytest.raises(QuantizationError, match="unknown int8 backend"):
         convert_to_int8(model, "tensorrt")
+
+
+def test_kernels_saturate_is_measured_per_engine() -> None:
+    assert kernels_saturate("no-such-engine") is False
+    if "qnnpack" in torch.backends.quantized.supported_engines:
+        assert kernels_saturate("qnnpack") is False  # QNNPACK accumulates in int32
+    engine = torch.backends.quantized.engine
+    kernels_saturate("x86" if engine != "x86" else "fbgemm")
+    assert torch.backends.quantized.engine == engine  # the probe leaves the engine as it was
+
+
+def test_reduce_range_puts_activations_on_a_7_bit_grid() -> None:
+    from compressor.quantization.settings import QuantSettings, resolve_layers
+
+    model = create_model("simplenet_mnist", "mnist")
+    settings = settings_from_args({"reduce_range": True, "overrides": {
+        "fc2": {"bits_activations": 4}}}, "q")
+    layers = resolve_layers(model, settings)
+    assert layers["conv1"].bits_activations == 7 and layers["conv1"].bits_weights == 8
+    assert layers["fc2"].bits_activations == 4  # other widths are left alone
+    assert QuantSettings.from_recipe(settings.to_recipe()).reduce_range is True
+    sim = _quantized("simplenet_mnist", "mnist", (1, 28, 28), {"reduce_range": True})
+    with torch.no_grad():
+        out = sim.conv1(_inputs(8, (1, 28, 28), seed=3))
+    levels = torch.unique(torch.round(out * sim.conv1.output_scale))
+    assert levels.numel() <= 128 and levels.min() >= -64 and levels.max() <= 127
+
+
+def test_full_range_activations_are_refused_where_kernels_saturate(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from compressor.quantization import int8
+
+    full = _quantized("simplenet_mnist", "mnist", (1, 28, 28), {"reduce_range": False})
+    reduced = _quantized("simplenet_mnist", "mnist", (1, 28, 28), {"reduce_range": True})
+    monkeypatch.setattr(int8, "kernels_saturate", lambda backend: True)
+    with pytest.raises(QuantizationError, match="saturate 8-bit activations.*reduce_range"):
+        convert_to_int8(full, "x86")
+    converted = convert_to_int8(reduced, "x86")  # 7-bit activations fit every CPU's kernels
+    x = _inputs(64, (1, 28, 28), seed=4)
+    with torch.no_grad():
+        assert (converted(x).argmax(1) == reduced(x).argmax(1)).float().mean() >= 0.99

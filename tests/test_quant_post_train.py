@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from compressor.models.registry import create_model
+from compressor.models.factory import create_model
 from compressor.quantization.clipping import stats_range
 from compressor.quantization.errors import QuantizationError
 from compressor.quantization.fusion import Fusion, apply_fusions, find_fusions

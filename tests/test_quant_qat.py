@@ -11,7 +11,7 @@ import torch
 import yaml
 from torch import nn
 
-from compressor.models.registry import create_model
+from compressor.models.factory import create_model
 from compressor.quantization.errors import QuantizationError
 from compressor.quantization.qat import (
     FakeLinearQuantization,

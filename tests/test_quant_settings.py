@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from compressor.models.eltwise import EltwiseAdd
+from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.quantization.clipping import ClipMode
 from compressor.quantization.errors import QuantizationError
 from compressor.quantization.range_linear import LinearQuantMode, ModuleQuantMode

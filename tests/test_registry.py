@@ -6,11 +6,11 @@ import pytest
 import torch
 from torchvision.models import list_models
 
-from compressor.errors import UsageError
-from compressor.losses import LOSSES, get_loss, main_logits
 from compressor.models import create_model, get_arch_spec, list_archs, register_model
 from compressor.models.description import description_of
 from compressor.models.registry import DATASETS
+from compressor.training.losses import LOSSES, get_loss, main_logits
+from compressor.utils.errors import UsageError
 
 OWN_ARCHS = [name for name in list_archs() if get_arch_spec(name).family != "torchvision"]
 # A sample of torchvision families small enough for a CPU test (all 80 are registered).

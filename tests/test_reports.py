@@ -14,11 +14,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from compressor.config import ReportConfig
 from compressor.data import load_datasets, load_test_dataset
-from compressor.datasets import CIFAR10_NAMES, DATASET_SPECS, FASHION_MNIST_NAMES
-from compressor.errors import UsageError
-from compressor.models.input_spec import DATASET_INPUT_SPECS
 from compressor.reports import confusion_matrix, confusion_report, open_epoch_reports
 from compressor.reports.confusion import confusion_counts, format_confusion
 from compressor.reports.epoch import EpochReports
@@ -29,6 +25,14 @@ from compressor.reports.tensorboard import (
     require_tensorboard,
     row_scalars,
 )
+from compressor.utils.config import ReportConfig
+from compressor.utils.dataset_table import (
+    CIFAR10_NAMES,
+    DATASET_INPUT_SPECS,
+    DATASET_SPECS,
+    FASHION_MNIST_NAMES,
+)
+from compressor.utils.errors import UsageError
 from tests.test_data_cifar import write_cifar10
 from tests.test_data_idx import write_mnist
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compressor.errors import ScheduleError
 from compressor.pruning import SensitivityPruner, SplicingPruner
 from compressor.pruning.base import PruneStep
 from compressor.schedule import build_scheduler
+from compressor.utils.errors import ScheduleError
 from tests.test_pruning_pruners import tiny
 
 WEIGHTS = ["conv1.weight", "conv2.weight", "conv3.weight", "fc1.weight", "fc2.weight"]

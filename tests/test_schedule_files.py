@@ -11,8 +11,8 @@ import pytest
 import torch
 import yaml
 
-from compressor.errors import ScheduleError
 from compressor.schedule import build_scheduler, load_schedule
+from compressor.utils.errors import ScheduleError
 from tests.test_pruning_pruners import tiny
 
 

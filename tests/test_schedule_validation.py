@@ -8,9 +8,9 @@ import pytest
 import torch
 import yaml
 
-from compressor.errors import ScheduleError
-from compressor.models.registry import create_model
+from compressor.models.factory import create_model
 from compressor.schedule import build_scheduler, load_schedule
+from compressor.utils.errors import ScheduleError
 from tests.conftest import run_cli
 from tests.test_pruning_pruners import tiny
 

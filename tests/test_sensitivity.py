@@ -7,10 +7,10 @@ import csv
 import pytest
 import torch
 
-from compressor.errors import UsageError
 from compressor.models import create_model
+from compressor.reports.sensitivity import prune_tensor, run_sensitivity, sensitivity_levels
 from compressor.schedule import build_scheduler
-from compressor.sensitivity import prune_tensor, run_sensitivity, sensitivity_levels
+from compressor.utils.errors import UsageError
 
 
 def test_levels_and_bad_range():

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from compressor.errors import UsageError
-from compressor.metrics import count_macs, layer_costs, model_file_size, model_metrics
 from compressor.models import InputSpec, create_model, description_of, get_arch_spec
-from compressor.summary import print_summary
+from compressor.reports.metrics import count_macs, layer_costs, model_file_size, model_metrics
+from compressor.reports.summary import print_summary
+from compressor.utils.errors import UsageError
 
 
 def test_simplenet_metrics_by_hand():

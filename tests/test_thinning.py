@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from compressor.errors import CheckpointError
 from compressor.models import create_model, description_of
 from compressor.thinning import apply_thinning_recipe, compose_recipes, thin_model
+from compressor.utils.errors import CheckpointError
 from tests.conftest import trained_like_batchnorms
 
 

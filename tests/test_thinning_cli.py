@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from compressor.checkpoint import load_checkpoint
 from compressor.models import ModelDescription
+from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import assert_user_error, run_cli
 
 COMMON = ("-b", "64", "-j", "0", "--deterministic", "-p", "0")

@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from compressor.errors import UsageError
 from compressor.memory import InPlaceABN, apply_memory_variant
 from compressor.models import create_model, get_arch_spec
 from compressor.thinning import apply_thinning_recipe, thin_model
+from compressor.utils.errors import UsageError
 from tests.conftest import trained_like_batchnorms
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from compressor.checkpoint import load_checkpoint
 from compressor.models import ModelDescription
+from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import run_cli
 
 COMMON = ("--dataset", "synthetic", "-b", "32", "-j", "0", "--deterministic", "-p", "0",

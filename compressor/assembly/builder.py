@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
+from compressor.assembly.recipes import apply_recipes
 from compressor.models.description import ModelDescription
+from compressor.models.factory import create_model, get_arch_spec
 from compressor.models.pretrained import load_pretrained_weights
-from compressor.models.registry import create_model, get_arch_spec
-from compressor.transforms import apply_recipes
 
 __all__ = ["build_model"]
 

@@ -14,13 +14,16 @@ from typing import Any
 
 from torch import nn
 
-from compressor.checkpoint import load_checkpoint, load_weights, read_description
-from compressor.config import ModelRequest
-from compressor.errors import CheckpointError, UsageError
-from compressor.model_builder import build_model
+from compressor.assembly.builder import build_model
+from compressor.assembly.recipes import finish_loaded_model
+from compressor.assembly.state import load_weights
+from compressor.memory.recipe import MemoryVariantTransform
 from compressor.models.description import ModelDescription
-from compressor.models.registry import ArchSpec, get_arch_spec
-from compressor.transforms import MemoryVariantTransform, finish_loaded_model
+from compressor.models.factory import get_arch_spec
+from compressor.models.registry import ArchSpec
+from compressor.training.checkpoint import load_checkpoint, read_description
+from compressor.utils.config import ModelRequest
+from compressor.utils.errors import CheckpointError, UsageError
 
 __all__ = ["ResolvedModel", "RunSetup", "resolve_model", "build_resolved_model", "load_model",
            "resolve_run"]

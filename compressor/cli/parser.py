@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from compressor.datasets import dataset_names
-from compressor.errors import UsageError
 from compressor.memory import MEMORY_VARIANTS
+from compressor.utils.dataset_table import dataset_names
+from compressor.utils.errors import UsageError
 
 __all__ = ["get_args_parser", "parse_args"]
 
 INT_MAX = 2**31 - 1  # counts (batch size, epochs, print frequency, GPU index)
 MAX_WORKERS = 1024
+DISTILLER_WORKERS = 4  # Distiller's -j default
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 SUMMARY_CHOICES = ("sparsity", "compute", "model", "modules")
 SENSE_CHOICES = ("element", "filter", "channel")
@@ -23,6 +25,19 @@ QE_MODES = ("sym", "sym_restr", "asym_u", "asym_s")
 QE_CLIP_MODES = ("none", "avg", "n_std", "gauss", "laplace")
 QE_BACKENDS = ("x86", "fbgemm", "qnnpack")
 MAX_QUANT_BITS = 16
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows: no affinity mask
+        return os.cpu_count() or 1
+
+
+def default_workers() -> int:
+    """-j's default: Distiller's 4, never more than the CPUs at hand (torch warns beyond)."""
+    return min(DISTILLER_WORKERS, usable_cpus())
 
 
 class _OneLineParser(argparse.ArgumentParser):
@@ -105,8 +120,10 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
                        help="dataset directory (not needed for digits and synthetic)")
     group.add_argument("--dataset", choices=dataset_names(), default=None,
                        help="dataset (default: inferred from the arch or the checkpoint)")
-    group.add_argument("-j", "--workers", type=_integer(0, MAX_WORKERS), default=4,
-                       help="data loading workers")
+    group.add_argument("-j", "--workers", type=_integer(0, MAX_WORKERS),
+                       default=default_workers(),
+                       help="data loading workers (default: Distiller's 4, capped at the "
+                            f"{usable_cpus()} CPUs this process may use)")
     group.add_argument("-b", "--batch-size", type=_integer(1, INT_MAX), default=256,
                        help="mini-batch size")
     group.add_argument("--vs", "--validation-split", dest="validation_split",

@@ -19,12 +19,19 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from compressor.checkpoint import assemble_checkpoint, save_checkpoint
-from compressor.config import LoaderConfig, QuantizeConfig
-from compressor.models.description import ModelDescription, describe, description_of
+from compressor.assembly.recipes import record_transform
+from compressor.assembly.setup import RunSetup
+from compressor.assembly.state import assemble_checkpoint
+from compressor.models.description import (
+    ModelDescription,
+    describe,
+    description_of,
+    unwrap_model,
+)
 from compressor.quantization.errors import QuantizationError
-from compressor.run_setup import RunSetup
-from compressor.transforms import QUANTIZATION, int8_model, quantization_kind, record_transform
+from compressor.quantization.recipe import QUANTIZATION, int8_model, quantization_kind
+from compressor.training.checkpoint import save_checkpoint
+from compressor.utils.config import LoaderConfig, QuantizeConfig
 
 __all__ = ["QuantizedModel", "QUANTIZED_CHECKPOINT", "DEFAULT_CALIBRATION", "cli_settings",
            "config_file_settings", "calibrate", "prepare_quantized_model", "quantization_facts",
@@ -160,7 +167,7 @@ def _post_train(float_model: nn.Module, settings: Any, stats: dict[str, Any] | N
 def _convert(simulated: nn.Module, backend: str) -> nn.Module:
     from compressor.quantization.int8 import check_convertible
 
-    check_convertible(simulated)
+    check_convertible(simulated, backend)
     recipe = dict(description_of(simulated).recipe(QUANTIZATION))
     record_transform(simulated, QUANTIZATION, {**recipe, "kernels": "int8", "backend": backend})
     return int8_model(simulated, backend)
@@ -175,7 +182,35 @@ def quantization_facts(model: nn.Module) -> dict[str, Any]:
             "bits_weights": settings.get("bits_weights"),
             "bits_accum": settings.get("bits_accum"), "mode": settings.get("mode"),
             "per_channel_wts": settings.get("per_channel_wts"),
-            "clip_acts": settings.get("clip_acts")}
+            "clip_acts": settings.get("clip_acts"),
+            "reduce_range": bool(settings.get("reduce_range", False))}
+
+
+def _for_kernels(settings: Any, config: QuantizeConfig) -> Any:
+    """The settings to quantize with: with reduce_range where int8 conversion is asked for and
+    this CPU's kernels need it, so the simulation computes what the kernels will."""
+    from compressor.quantization.int8 import kernels_saturate
+
+    if config.convert and not settings.reduce_range and kernels_saturate(config.backend):
+        LOG.info("this CPU's %s int8 kernels saturate 8-bit activations (no VNNI): "
+                 "activations use 7 bits (reduce_range)", config.backend)
+        return replace(settings, reduce_range=True)
+    return settings
+
+
+def _refuse_saturating(model: nn.Module, config: QuantizeConfig, source: str) -> None:
+    """A simulated post-training model with full-range activations cannot be converted for
+    kernels that saturate them: say so rather than convert it wrong."""
+    from compressor.quantization.int8 import kernels_saturate
+
+    recipe = description_of(model).recipe(QUANTIZATION) or {}
+    reduced = bool(recipe.get("settings", {}).get("reduce_range", False))
+    if config.convert and recipe.get("kernels") != "int8" and not reduced \
+            and kernels_saturate(config.backend):
+        raise QuantizationError(f"{source} quantizes activations to 8 bits, which this CPU's "
+                                f"{config.backend} int8 kernels saturate (no VNNI); quantize the "
+                                "float checkpoint it came from with --qe-convert-pytorch "
+                                "(activations then use 7 bits), or evaluate it simulated")
 
 
 def _kind_to_quantize(model: nn.Module, config: QuantizeConfig, source: str) -> str | None:
@@ -202,6 +237,8 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
     from compressor.quantization.stats import load_stats
 
     kind = _kind_to_quantize(model, config, source)
+    if kind == "post_train":
+        _refuse_saturating(model, config, source)
     if config.calibrate_only or kind is not None:
         return
     settings, stats_path = _requested_settings(config)
@@ -232,7 +269,12 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
     facts: dict[str, Any] = {}
     if kind == "post_train":
         if recipe.get("kernels") == "int8":  # rebuilt with int8 kernels already: nothing to do
-            return QuantizedModel(model, None, quantization_facts(model))
+            from compressor.quantization.int8 import Int8Model
+
+            facts = quantization_facts(model)
+            if not isinstance(unwrap_model(model), Int8Model):  # kept simulated on this CPU
+                facts["kernels"] = "simulated"
+            return QuantizedModel(model, None, facts)
         simulated = model
     elif kind == "qat":
         from compressor.quantization.qat import qat_to_float
@@ -240,7 +282,7 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
 
         float_model, tracked = qat_to_float(model)
         describe(float_model, _without_quantization(description_of(model)))
-        settings = QuantSettings.from_recipe(recipe["settings"])
+        settings = _for_kernels(QuantSettings.from_recipe(recipe["settings"]), config)
         given = config.stats_file or config.calibration is not None or config.dynamic
         stats = _stats_for(config, None, float_model, dataset, batch_size, seed, facts)
         if not given:  # QAT tracked what it quantized; calibration fills in the rest (the
@@ -251,6 +293,7 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
         simulated = _post_train(float_model, settings, stats, config.dynamic)
     else:
         settings, stats_path = _requested_settings(config)
+        settings = _for_kernels(settings, config)
         float_model = copy.deepcopy(model)  # keeps its description
         stats = _stats_for(config, stats_path, float_model, dataset, batch_size, seed, facts)
         simulated = _post_train(float_model, settings, stats, config.dynamic)
@@ -313,7 +356,7 @@ def run_quantization(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
 
 def _checkpoint_facts(simulated: nn.Module, path: Path) -> dict[str, Any]:
     """Sizes of the quantized model (its integer weights) and of its checkpoint."""
-    from compressor.metrics import model_file_size
+    from compressor.reports.metrics import model_file_size
 
     size, compressed = model_file_size(simulated)
     return {"quantized_model_file_size": size, "quantized_model_file_size_compressed": compressed,

@@ -9,9 +9,10 @@ from typing import Any
 
 from torch import nn
 
-from compressor.checkpoint import assemble_checkpoint, get_rng_state, save_run_checkpoint
-from compressor.config import OptimizerConfig, make_optimizer
-from compressor.transforms import thin
+from compressor.assembly.state import assemble_checkpoint
+from compressor.thinning.transform import thin
+from compressor.training.checkpoint import get_rng_state, save_run_checkpoint
+from compressor.utils.config import OptimizerConfig, make_optimizer
 
 __all__ = ["thinnify"]
 

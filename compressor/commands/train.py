@@ -15,24 +15,20 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from compressor.checkpoint import (
-    assemble_checkpoint,
-    get_rng_state,
-    save_run_checkpoint,
-    set_rng_state,
-)
-from compressor.config import LoaderConfig, TrainConfig, make_optimizer
+from compressor.assembly.setup import RunSetup
+from compressor.assembly.state import assemble_checkpoint
 from compressor.data import DatasetSplits
-from compressor.distributed import DistContext, all_reduce_sum
-from compressor.engine import evaluate, train_one_epoch
-from compressor.errors import UsageError
-from compressor.loaders import epoch_seed, eval_loader, seed_everything, train_loader
-from compressor.losses import get_loss
 from compressor.models.description import description_of
+from compressor.quantization.recipe import quantization_kind
 from compressor.reports import open_epoch_reports
-from compressor.run_dir import write_metrics_csv
-from compressor.run_setup import RunSetup
-from compressor.transforms import quantization_kind
+from compressor.training.checkpoint import get_rng_state, save_run_checkpoint, set_rng_state
+from compressor.training.dataloaders import epoch_seed, eval_loader, seed_everything, train_loader
+from compressor.training.loop import evaluate, train_one_epoch
+from compressor.training.losses import get_loss
+from compressor.training.run_dir import write_metrics_csv
+from compressor.utils.config import LoaderConfig, TrainConfig, make_optimizer
+from compressor.utils.distributed import DistContext, all_reduce_sum
+from compressor.utils.errors import UsageError
 
 __all__ = ["TrainState", "check_resume_epochs", "start_distillation", "run_training"]
 

@@ -1,4 +1,5 @@
-"""Datasets (one row each in compressor.datasets), their loaders, splits and transforms."""
+"""Datasets (one row each in compressor.utils.dataset_table): their loaders, file formats,
+splits and image transforms."""
 
 from compressor.data.load import DATASET_NAMES, load_datasets, load_test_dataset, needs_data_dir
 from compressor.data.splits import DatasetSplits, EvaluationData

@@ -19,7 +19,7 @@ import torch
 
 from compressor.data.files import reading
 from compressor.data.splits import LoadRequest, RawSplits, TensorImageDataset
-from compressor.errors import DataError
+from compressor.utils.errors import DataError
 
 __all__ = ["RestrictedUnpickler", "safe_load_batch", "find_cifar_dir", "meta_class_names",
            "load_cifar_dataset"]

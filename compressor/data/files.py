@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from compressor.errors import CompressorError, DataError
+from compressor.utils.errors import CompressorError, DataError
 
 __all__ = ["reading", "one_line_reason"]
 

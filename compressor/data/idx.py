@@ -17,7 +17,7 @@ import torch
 
 from compressor.data.files import reading
 from compressor.data.splits import LoadRequest, RawSplits, TensorImageDataset
-from compressor.errors import DataError
+from compressor.utils.errors import DataError
 
 __all__ = ["read_idx", "find_idx_dir", "load_idx_dataset", "IMAGES_MAGIC", "LABELS_MAGIC"]
 

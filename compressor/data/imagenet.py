@@ -21,7 +21,7 @@ from compressor.data.imagenet_classes import (
     label_order,
 )
 from compressor.data.splits import LoadRequest, RawSplits
-from compressor.errors import DataError
+from compressor.utils.errors import DataError
 
 __all__ = ["load_rgb_image", "ClassFolder", "load_imagenet_dataset"]
 

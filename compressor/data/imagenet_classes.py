@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 
-from compressor.errors import DataError
+from compressor.utils.errors import DataError
 
 __all__ = ["IMAGENET_CLASSES", "imagenet_wnids", "class_folders", "label_order", "check_known"]
 

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import MappingProxyType
 
+from compressor.data.cifar import load_cifar_dataset
+from compressor.data.digits import load_digits_dataset
+from compressor.data.idx import load_idx_dataset
+from compressor.data.imagenet import load_imagenet_dataset
 from compressor.data.splits import (
     DatasetSplits,
     EvaluationData,
@@ -15,14 +20,23 @@ from compressor.data.splits import (
     split_train_val,
     take_subset,
 )
+from compressor.data.synthetic import load_synthetic_dataset
 from compressor.data.transforms import build_transforms
-from compressor.datasets import DatasetSpec, dataset_names, dataset_spec
-from compressor.errors import DataError
-from compressor.input_spec import InputSpec
+from compressor.utils.dataset_table import DatasetSpec, dataset_names, dataset_spec
+from compressor.utils.errors import DataError
+from compressor.utils.input_spec import InputSpec
 
-__all__ = ["DATASET_NAMES", "needs_data_dir", "load_datasets", "load_test_dataset"]
+__all__ = ["DATASET_NAMES", "LOADERS", "needs_data_dir", "load_datasets", "load_test_dataset"]
 
 DATASET_NAMES: tuple[str, ...] = dataset_names()
+# File format (a dataset row's `loader`) -> its loader: loader(request, **row.loader_options).
+LOADERS: MappingProxyType[str, Callable[..., RawSplits]] = MappingProxyType({
+    "digits": load_digits_dataset,
+    "idx": load_idx_dataset,
+    "cifar": load_cifar_dataset,
+    "imagenet": load_imagenet_dataset,
+    "synthetic": load_synthetic_dataset,
+})
 
 
 def needs_data_dir(dataset: str) -> bool:
@@ -49,7 +63,10 @@ def _load_raw(dataset: str, root: str | Path | None, input_spec: InputSpec, *, t
     spec = dataset_spec(dataset)
     request = LoadRequest(spec, _data_root(spec, root), input_spec, seed, num_classes, train,
                           pretrained, tuple(class_names) if class_names else None)
-    raw = spec.loader(request)
+    if spec.loader not in LOADERS:
+        raise ValueError(f"dataset '{dataset}' names file format '{spec.loader}', which no "
+                         f"loader reads (known: {', '.join(LOADERS)})")
+    raw = LOADERS[spec.loader](request, **spec.loader_options)
     if not raw.class_names and len(spec.class_names) == raw.num_classes:
         raw.class_names = spec.class_names  # the table's names when the files carry none
     if num_classes is not None and raw.num_classes > num_classes:
@@ -67,7 +84,7 @@ def load_datasets(dataset: str, root: str | Path | None, input_spec: InputSpec, 
     """Train (augmented), validation (--vs of train, eval transforms) and test sets of a dataset.
 
     Args:
-        dataset: a name in the dataset table (compressor.datasets).
+        dataset: a name in the dataset table (compressor.utils.dataset_table).
         root: DATASET_DIR (ignored by digits and synthetic).
         input_spec: the model's InputSpec; sizes, normalization and channels come from it.
         validation_split: fraction of train held out as validation (Distiller's --vs).

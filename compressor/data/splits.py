@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from compressor.errors import DataError, UsageError
-from compressor.input_spec import InputSpec
+from compressor.utils.errors import DataError, UsageError
+from compressor.utils.input_spec import InputSpec
 
 if TYPE_CHECKING:
-    from compressor.datasets import DatasetSpec
+    from compressor.utils.dataset_table import DatasetSpec
 
 __all__ = [
     "DatasetSplits", "EvaluationData", "LoadRequest", "RawSplits", "TensorImageDataset",
@@ -48,7 +48,7 @@ class EvaluationData:
 
 @dataclass(frozen=True)
 class LoadRequest:
-    """What a dataset loader is asked for (see compressor.datasets.LazyLoader)."""
+    """What a dataset loader is asked for (see compressor.data.load.LOADERS)."""
 
     dataset: DatasetSpec
     root: Path | None  # the checked DATASET_DIR; None for datasets that need none

@@ -1,7 +1,7 @@
 """Image transforms derived from an InputSpec plus the training augmentation of the dataset's row.
 
-The dataset table (compressor.datasets) gives each dataset's stored format (channels, side) and
-its augmentation policy; everything about size and normalization comes from the InputSpec.
+The dataset table (compressor.utils.dataset_table) gives each dataset's stored format (channels,
+side) and its augmentation policy; everything about size and normalization comes from the InputSpec.
 Randomness comes from torch's global RNG (torchvision v2 transforms draw from it), so seeding
 torch makes the augmentation reproducible.
 """
@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torchvision.transforms import InterpolationMode, v2
 
-from compressor.datasets import PAD_CROP_FLIP, RESIZED_CROP_FLIP, dataset_spec
-from compressor.errors import UsageError
-from compressor.input_spec import InputSpec
+from compressor.utils.dataset_table import PAD_CROP_FLIP, RESIZED_CROP_FLIP, dataset_spec
+from compressor.utils.errors import UsageError
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["build_transforms", "interpolation_mode"]
 

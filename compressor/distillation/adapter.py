@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from compressor.errors import UsageError
-from compressor.input_spec import InputSpec
+from compressor.utils.errors import UsageError
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["InputAdapter", "LUMINANCE"]
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch.nn.functional as F
 from torch import Tensor
 
-from compressor.losses import LossFn, main_logits
+from compressor.training.losses import LossFn, main_logits
 
 __all__ = ["DistillationOutput", "student_output", "distillation_loss", "DistillationLoss",
            "StudentLoss"]

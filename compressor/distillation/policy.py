@@ -17,7 +17,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compressor.config import DistillationConfig
 from compressor.distillation.loss import DistillationLoss, DistillationOutput, StudentLoss
 from compressor.distillation.teacher import (
     PRETRAINED,
@@ -26,9 +25,10 @@ from compressor.distillation.teacher import (
     TeacherSource,
     build_teacher,
 )
-from compressor.errors import CheckpointError, UsageError
-from compressor.losses import LossFn
 from compressor.models.description import description_of
+from compressor.training.losses import LossFn
+from compressor.utils.config import DistillationConfig
+from compressor.utils.errors import CheckpointError, UsageError
 
 __all__ = ["Distillation", "StudentWithTeacher", "check_resume_without_distillation"]
 

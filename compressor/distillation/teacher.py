@@ -15,15 +15,16 @@ import torch
 from torch import Tensor, nn
 from torchvision.models import get_weight
 
-from compressor.checkpoint import REQUIRED_KEYS, load_checkpoint
-from compressor.config import ModelRequest
+from compressor.assembly.setup import ResolvedModel, build_resolved_model, resolve_model
 from compressor.distillation.adapter import InputAdapter
-from compressor.errors import CheckpointError, CompressorError, UsageError
-from compressor.losses import main_logits
 from compressor.models.description import ModelDescription, description_of
+from compressor.models.factory import get_arch_spec
 from compressor.models.pretrained import pretrained_weights_path
-from compressor.models.registry import ArchSpec, get_arch_spec
-from compressor.run_setup import ResolvedModel, build_resolved_model, resolve_model
+from compressor.models.registry import ArchSpec
+from compressor.training.checkpoint import REQUIRED_KEYS, load_checkpoint
+from compressor.training.losses import main_logits
+from compressor.utils.config import ModelRequest
+from compressor.utils.errors import CheckpointError, CompressorError, UsageError
 
 __all__ = ["Teacher", "TeacherSource", "build_teacher", "file_sha256", "CHECKPOINT", "WEIGHTS",
            "PRETRAINED"]

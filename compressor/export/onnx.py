@@ -39,12 +39,12 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from compressor.checkpoint import atomic_write, atomic_write_text
-from compressor.errors import CompressorError, UsageError
-from compressor.memory.inplace_abn import InPlaceABN
 from compressor.models.description import description_of, unwrap_model
+from compressor.models.layers.inplace_abn import InPlaceABN
+from compressor.utils.atomic_io import atomic_write, atomic_write_text
+from compressor.utils.errors import CompressorError, ExportError, UsageError
 
-__all__ = ["ExportError", "Tolerance", "TOLERANCES", "OPSET", "INPUT_NAME", "OUTPUT_NAME",
+__all__ = ["Tolerance", "TOLERANCES", "OPSET", "INPUT_NAME", "OUTPUT_NAME",
            "BATCH_AXIS", "EXPORT_JSON", "ONNX_EXTRA_MODULES", "require_onnx", "export_form",
            "export_onnx"]
 
@@ -57,10 +57,6 @@ EXPORT_JSON = "export.json"
 ONNX_EXTRA_MODULES = ("onnx", "onnxruntime", "onnxscript")
 _MAX_PROTO_BYTES = 2 ** 31 - 1  # protobuf's limit for one ModelProto
 _LOG = logging.getLogger(__name__)
-
-
-class ExportError(CompressorError):
-    """An export failed, or the exported file does not compute what the PyTorch model does."""
 
 
 @dataclass(frozen=True)

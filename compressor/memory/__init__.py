@@ -1,6 +1,10 @@
 """Memory-efficient model variants and the measurement of activation memory."""
 
-from compressor.memory.checkpointing import (
+from compressor.memory.compare import training_divergence
+from compressor.memory.dense import EfficientDenseBlock, make_densenet_efficient
+from compressor.memory.measure import MemoryReport, default_loss, measure_saved_bytes
+from compressor.memory.variants import MEMORY_VARIANTS, apply_memory_variant, supported_variants
+from compressor.models.layers.checkpointing import (
     FrozenNormStats,
     RecomputedSequential,
     block_segments,
@@ -9,11 +13,11 @@ from compressor.memory.checkpointing import (
     exact_checkpoint,
     is_checkpointed,
 )
-from compressor.memory.compare import training_divergence
-from compressor.memory.dense import EfficientDenseBlock, make_densenet_efficient
-from compressor.memory.inplace_abn import InPlaceABN, InPlaceABNFunction, convert_to_inplace_abn
-from compressor.memory.measure import MemoryReport, default_loss, measure_saved_bytes
-from compressor.memory.variants import MEMORY_VARIANTS, apply_memory_variant, supported_variants
+from compressor.models.layers.inplace_abn import (
+    InPlaceABN,
+    InPlaceABNFunction,
+    convert_to_inplace_abn,
+)
 
 __all__ = [
     "MEMORY_VARIANTS", "apply_memory_variant", "supported_variants",

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compressor.config import OptimizerConfig, make_optimizer
+from compressor.utils.config import OptimizerConfig, make_optimizer
 
 __all__ = ["training_divergence", "flat_outputs", "square_loss"]
 

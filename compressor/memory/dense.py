@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.densenet import _DenseBlock, _DenseLayer
 
-from compressor.memory.checkpointing import exact_checkpoint, needs_checkpoint
+from compressor.models.layers.checkpointing import exact_checkpoint, needs_checkpoint
 
 __all__ = ["EfficientDenseBlock", "efficient_dense_layer", "has_dense_blocks",
            "make_densenet_efficient"]

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING
 
 from torch import nn
 
-from compressor.errors import UsageError
-from compressor.memory.checkpointing import enable_checkpointing
 from compressor.memory.dense import has_dense_blocks, make_densenet_efficient
-from compressor.memory.inplace_abn import convert_to_inplace_abn
+from compressor.models.layers.checkpointing import enable_checkpointing
+from compressor.models.layers.inplace_abn import convert_to_inplace_abn
+from compressor.utils.errors import UsageError
 
 if TYPE_CHECKING:
     from compressor.models.registry import ArchSpec

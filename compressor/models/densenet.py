@@ -15,8 +15,8 @@ from collections import OrderedDict
 from torch import nn
 from torchvision.models import DenseNet
 
-from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["densenet_bc"]
 

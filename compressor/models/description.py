@@ -7,7 +7,9 @@ One frozen dataclass, attached once to the module it describes (`describe`), rea
                                                     "recipe": "recompute"}, ...]}
 
 `transforms` is the ordered list of framework transforms applied after the builder
-(compressor.transforms: memory variant, thinning, quantization); it is left out when empty.
+(compressor.assembly.recipes: memory variant, thinning, quantization); it is left out when
+empty. A model converted for deployment (int8 kernels) also remembers the model a checkpoint
+stores (`attach_stored_form` / `stored_form`).
 """
 
 from __future__ import annotations
@@ -19,15 +21,15 @@ from typing import Any
 
 from torch import nn
 
-from compressor.errors import CheckpointError
-from compressor.models.input_spec import InputSpec
+from compressor.utils.errors import CheckpointError
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["ModelDescription", "TransformStep", "describe", "described", "description_of",
-           "unwrap_model",
-           "TRANSFORMS_KEY"]
+           "unwrap_model", "attach_stored_form", "stored_form", "TRANSFORMS_KEY"]
 
 TRANSFORMS_KEY = "transforms"
 _ATTRIBUTE = "description"
+_STORED_FORM = "_compressor_stored_form"  # a converted model's source (what is saved)
 # Before format version 2, checkpoints stored the framework transforms as flat keys, in this order.
 _LEGACY_TRANSFORM_KEYS = ("memory_efficient", "thinning")
 
@@ -146,5 +148,17 @@ def description_of(model: nn.Module) -> ModelDescription:
     found = vars(unwrap_model(model)).get(_ATTRIBUTE)
     if not isinstance(found, ModelDescription):
         raise ValueError(f"{type(model).__name__} carries no ModelDescription; build it with "
-                         "compressor.models.create_model or compressor.model_builder.build_model")
+                         "compressor.models.create_model or compressor.assembly.build_model")
     return found
+
+
+def attach_stored_form(converted: nn.Module, source: nn.Module) -> nn.Module:
+    """Remember the model `converted` was made from, which checkpoints save in its stead."""
+    object.__setattr__(unwrap_model(converted), _STORED_FORM, source)
+    return converted
+
+
+def stored_form(model: nn.Module) -> nn.Module:
+    """The model as a checkpoint stores it: a converted model's source, else itself."""
+    inner = unwrap_model(model)
+    return vars(inner).get(_STORED_FORM, inner)

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 from torchvision.models import get_weight
 
-from compressor.errors import CheckpointError, UsageError
 from compressor.models.registry import ArchSpec
+from compressor.utils.errors import CheckpointError, UsageError
 
 __all__ = ["pretrained_weights_path", "load_pretrained_weights"]
 

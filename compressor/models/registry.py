@@ -1,8 +1,12 @@
-"""The architecture registry: one ArchSpec per name, registered with a decorator on a builder."""
+"""The architecture registry: one ArchSpec per name, registered with a decorator on a builder.
+
+The model files import this module to register themselves; nothing here imports them, so
+there is no cycle. Look architectures up through compressor.models.factory, which imports
+every family first (timm's _registry / _factory split).
+"""
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -10,18 +14,13 @@ from typing import Any
 
 from torch import nn
 
-from compressor.datasets import dataset_names, dataset_spec
-from compressor.errors import UsageError
-from compressor.models.description import ModelDescription, describe
-from compressor.models.input_spec import InputSpec
+from compressor.utils.dataset_table import SYNTHETIC, dataset_names, dataset_spec
+from compressor.utils.errors import UsageError
+from compressor.utils.input_spec import InputSpec
 
-__all__ = [
-    "ArchSpec", "register_model", "get_arch_spec", "list_archs", "create_model",
-    "SYNTHETIC", "DATASETS",
-]
+__all__ = ["ArchSpec", "register_model", "registered_specs", "SYNTHETIC", "DATASETS"]
 
-SYNTHETIC = "synthetic"
-DATASETS = dataset_names()  # the rows of compressor.datasets.DATASET_SPECS
+DATASETS = dataset_names()  # the rows of compressor.utils.dataset_table.DATASET_SPECS
 
 Builder = Callable[..., nn.Module]
 
@@ -34,7 +33,7 @@ class ArchSpec:
     builder: Builder  # builder(num_classes=..., input_spec=..., **model_attrs) -> nn.Module
     datasets: tuple[str, ...]  # the first is the default dataset
     input_specs: Mapping[str, InputSpec]
-    loss: str = "cross_entropy"  # a name in compressor.losses.LOSSES
+    loss: str = "cross_entropy"  # a name in compressor.training.losses.LOSSES
     weights: str | None = None  # torchvision weights enum, e.g. "ResNet18_Weights.IMAGENET1K_V1"
     model_attrs: Mapping[str, Any] = field(default_factory=dict)  # accepted attrs -> defaults
     pretrained_attrs: Mapping[str, Any] = field(default_factory=dict)  # defaults with weights
@@ -108,37 +107,6 @@ def register_model(name: str, *, datasets: tuple[str, ...],
     return decorator
 
 
-def list_archs() -> list[str]:
-    """All registered architecture names, sorted."""
-    _ensure_loaded()
-    return sorted(_REGISTRY)
-
-
-def get_arch_spec(name: str) -> ArchSpec:
-    """The ArchSpec of `name`; an unknown name is an error that suggests the closest names."""
-    _ensure_loaded()
-    if name not in _REGISTRY:
-        close = difflib.get_close_matches(name, _REGISTRY, n=3, cutoff=0.5)
-        hint = f"did you mean {', '.join(close)}?" if close else "see --help for the list"
-        raise UsageError(f"unknown architecture '{name}': {hint}")
-    return _REGISTRY[name]
-
-
-def create_model(arch: str, dataset: str, *, num_classes: int | None = None,
-                 input_spec: InputSpec | None = None, model_attrs: Mapping[str, Any] | None = None,
-                 pretrained: bool = False) -> nn.Module:
-    """Build `arch` for `dataset` with the builder alone, described by a ModelDescription."""
-    spec = get_arch_spec(arch)
-    if spec.own_dataset(dataset) not in spec.datasets:  # synthetic data fits any architecture
-        raise UsageError(f"architecture '{arch}' does not support dataset '{dataset}'; "
-                         f"use one of: {', '.join(spec.datasets)}")
-    input_spec = input_spec or spec.input_spec(dataset)
-    num_classes = num_classes or spec.num_classes(dataset)
-    attrs = spec.resolve_attrs(model_attrs, pretrained)
-    model = spec.builder(num_classes=num_classes, input_spec=input_spec, **attrs)
-    return describe(model, ModelDescription(arch, dataset, num_classes, input_spec, attrs))
-
-
-def _ensure_loaded() -> None:
-    # Importing the families runs their @register_model decorators exactly once.
-    import compressor.models.families  # noqa: F401
+def registered_specs() -> Mapping[str, ArchSpec]:
+    """A read-only view of what has registered so far (compressor.models.factory loads all)."""
+    return MappingProxyType(_REGISTRY)

@@ -24,10 +24,11 @@ from torch import Tensor, nn
 from torchvision.models import get_model, get_model_weights, list_models
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
-from compressor.memory.checkpointing import checkpoint_seq
-from compressor.models.eltwise import EltwiseAdd
-from compressor.models.input_spec import DATASET_INPUT_SPECS, InputSpec
+from compressor.models.layers.checkpointing import checkpoint_seq
+from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.models.registry import register_model
+from compressor.utils.dataset_table import DATASET_INPUT_SPECS
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["register_torchvision_models", "weights_input_spec", "CheckpointableInception3",
            "DistillerBasicBlock", "DistillerBottleneck", "DISTILLER_RESNETS"]

@@ -11,10 +11,10 @@ import torch
 from torch import Tensor, nn
 from torch.utils.hooks import RemovableHandle
 
-from compressor.distributed import all_reduce_sum
 from compressor.pruning.base import PruneStep
 from compressor.pruning.groups import expand_group_mask, group_mask_from_scores, group_norms
 from compressor.pruning.structured import RankedStructurePruner
+from compressor.utils.distributed import all_reduce_sum
 
 __all__ = ["ActivationAPoZRankedFilterPruner"]
 

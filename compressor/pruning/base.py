@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compressor.distributed import shared_generator
+from compressor.utils.distributed import shared_generator
 
 __all__ = ["PruneStep", "Pruner", "LevelPruner", "agp_sparsity"]
 

@@ -8,11 +8,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor, nn
 
-from compressor.errors import ScheduleError
 from compressor.models import description_of
 from compressor.pruning.base import LevelPruner, PruneStep
 from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import expand_group_mask, group_mask_from_scores, group_norms
+from compressor.utils.errors import ScheduleError
 
 __all__ = [
     "StructurePruner", "RankedStructurePruner", "RandomLevelStructureParameterPruner",

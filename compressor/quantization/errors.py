@@ -6,7 +6,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-from compressor.errors import CompressorError
+from compressor.utils.errors import CompressorError
 
 __all__ = ["QuantizationError", "shown", "unknown_choice"]
 

@@ -23,7 +23,7 @@ import torch.ao.nn.intrinsic.quantized as nniq
 import torch.ao.nn.quantized as nnq
 from torch import Tensor, nn
 
-from compressor.models.eltwise import Concat, EltwiseAdd, EltwiseMult
+from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.quantization.errors import QuantizationError, unknown_choice
 from compressor.quantization.range_linear import (
     LinearQuantMode,
@@ -39,7 +39,8 @@ from compressor.quantization.wrappers import (
     TensorQuant,
 )
 
-__all__ = ["INT8_BACKENDS", "check_convertible", "convert_to_int8", "Int8Model"]
+__all__ = ["INT8_BACKENDS", "ACTIVATION_BITS", "check_convertible", "convert_to_int8",
+           "Int8Model", "kernels_saturate"]
 
 INT8_BACKENDS = ("x86", "fbgemm", "qnnpack")
 # modules that run on quantized tensors as they are
@@ -49,6 +50,7 @@ _QUANTIZED_SAFE = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool2d, nn.Av
 _CONV = {nn.Conv1d: (nnq.Conv1d, nniq.ConvReLU1d), nn.Conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
          nn.Conv3d: (nnq.Conv3d, nniq.ConvReLU3d)}
 TorchQParams = tuple[float, int]
+ACTIVATION_BITS = (7, 8)  # activation widths quint8 holds (7: reduce_range)
 
 
 def _refuse(name: str, problem: str) -> QuantizationError:
@@ -58,8 +60,9 @@ def _refuse(name: str, problem: str) -> QuantizationError:
                              "quantize with 8 bits and statistics or drop --qe-convert-pytorch")
 
 
-def check_convertible(model: nn.Module) -> None:
-    """Raise a QuantizationError unless every wrapper is static and 8 bits wide."""
+def check_convertible(model: nn.Module, backend: str | None = None) -> None:
+    """Raise a QuantizationError unless every wrapper is static and 8 bits wide (activations:
+    7 with reduce_range, which `backend`'s kernels need where they saturate 8 bits)."""
     wrappers = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantWrapper)]
     if not wrappers:
         raise QuantizationError("--qe-convert-pytorch needs a post-training-quantized model; "
@@ -71,7 +74,7 @@ def check_convertible(model: nn.Module) -> None:
         if not isinstance(wrapper, ActivationWrapper):
             specs += [(f"input {i}", s) for i, s in enumerate(wrapper.inputs)]
         for what, spec in specs:
-            if spec is None or spec.bits != 8:
+            if spec is None or spec.bits not in ACTIVATION_BITS:
                 width = "float" if spec is None else f"{spec.bits} bits"
                 raise _refuse(name, f"has its {what} in {width}")
         if isinstance(wrapper, ParamLayerWrapper):
@@ -79,12 +82,21 @@ def check_convertible(model: nn.Module) -> None:
             if weight is None or weight.bits != 8:
                 width = "float" if weight is None else f"{weight.bits} bits"
                 raise _refuse(name, f"has its weights in {width}")
+    if backend is not None and kernels_saturate(backend):
+        full = [name for name, wrapper in wrappers
+                if wrapper.output is not None and wrapper.output.bits > 7]
+        if full:
+            raise QuantizationError(
+                f"this CPU's {backend} int8 kernels saturate 8-bit activations (no VNNI), and "
+                f"layer '{full[0]}' has 8-bit outputs; quantize with reduce_range: true "
+                "(7-bit activations), or keep the model simulated")
 
 
 def _act_qparams(scale: Tensor, zero_point: Tensor, spec: TensorQuant) -> TorchQParams:
-    """torch's quint8 (scale, zero_point) of Distiller's activation parameters."""
+    """torch's quint8 (scale, zero_point) of Distiller's activation parameters (signed modes
+    shifted to start at 0: by 128 at 8 bits, by 64 at reduce_range's 7)."""
     torch_scale, torch_zero = torch_qparams(scale, zero_point)
-    shift = 128 if spec.mode.signed else 0
+    shift = 2 ** (spec.bits - 1) if spec.mode.signed else 0
     return float(torch_scale), int(torch_zero) + shift
 
 
@@ -107,9 +119,18 @@ class _Int8Module(nn.Module):
                  output: TorchQParams | None = None, kind: str = "param") -> None:
         super().__init__()
         self.op, self.inputs, self.output, self.kind = op, tuple(inputs), output, kind
+        # (low, high) of a grid narrower than quint8's (7-bit activations), as the simulation
+        # clamps: the kernels requantize to 0..255, and 7-bit inputs are what they can take
+        self.clamp: tuple[float, float] | None = None
 
     def forward(self, *xs: Tensor) -> Tensor:
-        """op of the entry-quantized inputs."""
+        """op of the entry-quantized inputs, clamped to a reduced output grid."""
+        result = self._run(*xs)
+        if self.clamp is not None:
+            result = torch.clamp(result, *self.clamp)
+        return result
+
+    def _run(self, *xs: Tensor) -> Tensor:
         ready = [_quantize_to(x, self.inputs[i] if i < len(self.inputs) else self.inputs[-1])
                  for i, x in enumerate(xs)]
         if self.kind == "activation":
@@ -217,8 +238,25 @@ def _inputs(wrapper: QuantWrapper) -> list[TorchQParams | None]:
             for i, spec in enumerate(wrapper.inputs)]
 
 
+def _output_clamp(qparams: TorchQParams, spec: TensorQuant) -> tuple[float, float] | None:
+    """The float bounds of a spec's integer grid where it is narrower than quint8's."""
+    if spec.bits >= 8:
+        return None
+    scale, zero_point = qparams
+    return (0 - zero_point) * scale, (2 ** spec.bits - 1 - zero_point) * scale
+
+
 def _convert(wrapper: QuantWrapper) -> nn.Module:
     """The int8 replacement of one wrapper."""
+    module = _replacement(wrapper)
+    assert wrapper.output is not None
+    module.clamp = _output_clamp(_act_qparams(*wrapper.qparams("output"), wrapper.output),
+                                 wrapper.output)
+    return module
+
+
+def _replacement(wrapper: QuantWrapper) -> _Int8Module:
+    """The int8 module computing one wrapper (its output on quint8's whole grid)."""
     assert wrapper.output is not None
     output = _act_qparams(*wrapper.qparams("output"), wrapper.output)
     if isinstance(wrapper, ParamLayerWrapper):
@@ -250,7 +288,7 @@ def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
     if backend not in torch.backends.quantized.supported_engines:
         raise QuantizationError(f"this PyTorch build lacks the {backend} int8 engine; use one of "
                                 f"{', '.join(torch.backends.quantized.supported_engines)}")
-    check_convertible(model)
+    check_convertible(model, backend)
     torch.backends.quantized.engine = backend
     converted = copy.deepcopy(model).cpu().eval()
     with _quiet_deprecation():
@@ -263,6 +301,30 @@ def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
                     module, _QUANTIZED_SAFE):
                 _set_module(converted, name, _Dequantized(module))
     return Int8Model(converted, backend).eval()
+
+
+def kernels_saturate(backend: str) -> bool:
+    """Whether `backend`'s int8 kernels on this CPU saturate with full-range 8-bit activations.
+
+    x86 CPUs without VNNI multiply u8 by s8 in pairs summed into int16 (vpmaddubsw), which
+    overflows beyond 7-bit activations; torch.ao's reduce_range exists for them. Measured, not
+    guessed from CPU flags: one 3x3 convolution of 255s by 127s, whose exact sum needs 32 bits.
+    """
+    if backend not in torch.backends.quantized.supported_engines:
+        return False
+    previous = torch.backends.quantized.engine
+    try:
+        torch.backends.quantized.engine = backend
+        with _quiet_deprecation():
+            conv = nnq.Conv2d(64, 1, 3)
+            weight = torch.full((1, 64, 3, 3), 127.0)
+            conv.set_weight_bias(torch.quantize_per_tensor(weight, 1.0, 0, torch.qint8), None)
+            conv.scale, conv.zero_point = 2.0 ** 20, 0
+            x = torch.quantize_per_tensor(torch.full((1, 64, 3, 3), 255.0), 1.0, 0, torch.quint8)
+            got = int(conv(x).int_repr().item())
+    finally:
+        torch.backends.quantized.engine = previous
+    return got != round(64 * 9 * 255 * 127 / 2.0 ** 20)
 
 
 @contextlib.contextmanager

@@ -45,9 +45,11 @@ def _scalar_keys(reference: Mapping[str, Tensor]) -> list[str]:
             if key.endswith(_QPARAM_SUFFIXES) and value.numel() == 1]
 
 
-def pack_state_dict(model: nn.Module) -> dict[str, Tensor]:
-    """The state_dict with each quantized weight as an integer tensor (`.weight_int`)."""
-    state = dict(model.state_dict())
+def pack_state_dict(model: nn.Module, state: Mapping[str, Tensor] | None = None
+                    ) -> dict[str, Tensor]:
+    """The state_dict (`model`'s own unless given) with each quantized weight as an integer
+    tensor (`.weight_int`) and the one-element scales and zero points as one vector."""
+    state = dict(model.state_dict() if state is None else state)
     for name, spec in _packed_layers(model).items():
         key = f"{name}.wrapped.weight"
         scale, zero_point = state[f"{name}.weight_scale"], state[f"{name}.weight_zero_point"]

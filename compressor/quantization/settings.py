@@ -19,7 +19,8 @@ from typing import Any
 
 from torch import nn
 
-from compressor.models.eltwise import Concat, EltwiseAdd, EltwiseMult
+from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
+from compressor.models.names import canonical_name
 from compressor.quantization.clipping import ClipMode, check_clip_n_stds, parse_clip_mode
 from compressor.quantization.errors import QuantizationError, shown
 from compressor.quantization.range_linear import (
@@ -33,8 +34,8 @@ from compressor.quantization.range_linear import (
 
 __all__ = [
     "LayerSettings", "QuantSettings", "settings_from_args", "with_layer_overrides",
-    "resolve_layers", "quantizable_modules", "PARAM_LAYERS", "ELTWISE_LAYERS",
-    "ACTIVATION_LAYERS",
+    "resolve_layers", "quantizable_modules", "reduced_bits", "PARAM_LAYERS", "ELTWISE_LAYERS",
+    "ACTIVATION_LAYERS", "REDUCED_BITS",
 ]
 
 PARAM_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -45,13 +46,14 @@ _SYMMETRIC = ModuleQuantMode(LinearQuantMode.SYMMETRIC, LinearQuantMode.SYMMETRI
 _LAYER_KEYS = ("bits_activations", "bits_weights", "bits_bias", "bits_accum", "mode",
                "clip_acts", "clip_n_stds", "clip_half_range", "per_channel_wts",
                "quantize_inputs")
-_TOP_KEYS = (*_LAYER_KEYS, "inputs_quant_auto_fallback", "overrides")
+_TOP_KEYS = (*_LAYER_KEYS, "inputs_quant_auto_fallback", "reduce_range", "overrides")
 _OVERRIDE_KEYS = (*_LAYER_KEYS, "input_overrides")
 _INPUT_KEYS = ("from_output", "bits_activations", "mode", "clip_acts", "clip_n_stds")
 _ALIASES = MappingProxyType({"bits_parameters": "bits_weights"})
 _BOOL_KEYS = ("clip_half_range", "per_channel_wts", "quantize_inputs",
-              "inputs_quant_auto_fallback", "from_output")
+              "inputs_quant_auto_fallback", "reduce_range", "from_output")
 _PREFIXES = ("module.", "module\\.")
+REDUCED_BITS = 7  # reduce_range's activation width
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,9 @@ class QuantSettings:
     per_channel_wts: bool = False
     quantize_inputs: bool = True
     inputs_quant_auto_fallback: bool = True
+    # 8-bit activations on a 7-bit grid, as x86 int8 kernels without VNNI need (torch.ao's
+    # reduce_range): set when converting to such kernels, so the simulation computes with them
+    reduce_range: bool = False
     overrides: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # ordered regex -> settings
 
     def to_recipe(self) -> dict[str, Any]:
@@ -298,18 +303,13 @@ def with_layer_overrides(settings: QuantSettings, no_quant: Sequence[str] = (),
     keep_float = MappingProxyType(dict.fromkeys(("bits_activations", "bits_weights",
                                                  "bits_bias")))
     for name in no_quant:
-        added.append((re.escape(_strip_prefix(name)), keep_float))
+        added.append((re.escape(canonical_name(name)), keep_float))
     for name in no_clip:
-        added.append((re.escape(_strip_prefix(name)),
+        added.append((re.escape(canonical_name(name)),
                       MappingProxyType({"clip_acts": ClipMode.NONE})))
     return QuantSettings(**{f.name: getattr(settings, f.name) for f in fields(settings)
                             if f.name != "overrides"},
                          overrides=(*added, *settings.overrides))
-
-
-def _strip_prefix(name: str) -> str:
-    """A module name without DataParallel's `module.` prefix."""
-    return name[len("module."):] if name.startswith("module.") else name
 
 
 def quantizable_modules(model: nn.Module) -> dict[str, nn.Module]:
@@ -341,6 +341,16 @@ def resolve_layers(model: nn.Module, settings: QuantSettings) -> dict[str, Layer
             check_clip_n_stds(chosen["clip_acts"], chosen["clip_n_stds"])
         except QuantizationError as exc:
             raise QuantizationError(f"layer '{name}': {exc}") from None
-        resolved[name] = LayerSettings(
-            **chosen, input_overrides=MappingProxyType(dict(values.get("input_overrides", {}))))
+        overrides = dict(values.get("input_overrides", {}))
+        if settings.reduce_range:
+            chosen["bits_activations"] = reduced_bits(chosen["bits_activations"])
+            overrides = {index: {**entry, "bits_activations": reduced_bits(
+                entry["bits_activations"])} if "bits_activations" in entry else entry
+                for index, entry in overrides.items()}
+        resolved[name] = LayerSettings(**chosen, input_overrides=MappingProxyType(overrides))
     return resolved
+
+
+def reduced_bits(bits: int | None) -> int | None:
+    """An 8-bit activation width under reduce_range (7); other widths stay as they are."""
+    return REDUCED_BITS if bits == 8 else bits

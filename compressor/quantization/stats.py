@@ -33,9 +33,9 @@ import torch
 import yaml
 from torch import Tensor, nn
 
-from compressor.checkpoint import atomic_write_text
 from compressor.models.description import unwrap_model
 from compressor.quantization.errors import QuantizationError, shown
+from compressor.utils.atomic_io import atomic_write_text
 
 __all__ = [
     "STATS_FILE_NAME", "STAT_KEYS", "ActivationStats", "load_stats", "parse_stats",

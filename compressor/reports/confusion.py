@@ -21,8 +21,8 @@ import torch
 from tabulate import tabulate
 from torch import Tensor, nn
 
-from compressor.checkpoint import atomic_write, atomic_write_text
-from compressor.losses import main_logits
+from compressor.training.losses import main_logits
+from compressor.utils.atomic_io import atomic_write, atomic_write_text
 
 __all__ = ["OTHER", "confusion_counts", "confusion_matrix", "per_class_top1", "confusion_labels",
            "format_confusion", "write_confusion_csv", "plot_confusion", "confusion_report"]

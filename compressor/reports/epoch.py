@@ -15,7 +15,6 @@ from typing import Any
 
 from torch import nn
 
-from compressor.config import ReportConfig
 from compressor.reports.sparsity import layer_sparsities, masks_sparsity_table, schedule_masks
 from compressor.reports.tensorboard import (
     TensorBoardLog,
@@ -24,6 +23,7 @@ from compressor.reports.tensorboard import (
     row_scalars,
     sparsity_scalars,
 )
+from compressor.utils.config import ReportConfig
 
 __all__ = ["EpochReports", "open_epoch_reports", "TENSORBOARD_DIR"]
 

@@ -100,7 +100,7 @@ def model_file_size(model: nn.Module) -> tuple[int, int]:
     Element-wise sparsity leaves the plain size unchanged; the compressed size shows what
     the zeros would save in a compressed file format.
     """
-    from compressor.checkpoint import plain_state_dict  # integer weights when quantized
+    from compressor.assembly.state import plain_state_dict  # integer weights when quantized
 
     buffer = io.BytesIO()
     torch.save({k: v.detach().cpu() for k, v in plain_state_dict(model).items()}, buffer)
@@ -112,7 +112,7 @@ def model_metrics(model: nn.Module, checkpoint_path: str | os.PathLike | None = 
                   ) -> dict[str, Any]:
     """Size and cost figures that a run adds to results.json (of an int8 model: of the
     simulated model it was converted from, whose integer weights it holds)."""
-    from compressor.transforms import stored_form
+    from compressor.models.description import stored_form
 
     model = stored_form(model)
     params = {name: param.detach() for name, param in model.named_parameters()}

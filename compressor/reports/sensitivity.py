@@ -19,15 +19,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compressor.checkpoint import atomic_write, atomic_write_text
-from compressor.errors import UsageError
-from compressor.metrics import weight_tensors
+from compressor.models.names import canonical_name
 from compressor.pruning.groups import (
     element_mask,
     expand_group_mask,
     group_mask_from_scores,
     group_norms,
 )
+from compressor.reports.metrics import weight_tensors
+from compressor.utils.atomic_io import atomic_write, atomic_write_text
+from compressor.utils.errors import UsageError
 
 __all__ = ["SENSITIVITY_KINDS", "prune_tensor", "sensitivity_levels", "run_sensitivity",
            "write_sensitivity_csv", "plot_sensitivity"]
@@ -81,8 +82,8 @@ def run_sensitivity(model: nn.Module, evaluate_fn: EvaluateFn, kind: str,
     """Evaluate the model with each weight pruned alone at each level; write CSV and PNG."""
     _check_kind(kind)
     targets = _targets(model, kind)
-    if names is not None:
-        wanted = {n.removeprefix("module.") for n in names}
+    if names is not None:  # as written, or without Distiller's `module.` parts anywhere
+        wanted = set(names) | {canonical_name(n) for n in names}
         targets = [(n, m) for n, m in targets if n in wanted]
         if not targets:
             raise UsageError("none of the sensitivity parameter names matches the model's "

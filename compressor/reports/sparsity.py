@@ -14,8 +14,8 @@ from typing import Any
 from tabulate import tabulate
 from torch import Tensor, nn
 
-from compressor.metrics import weight_tensors
 from compressor.pruning import sparsity
+from compressor.reports.metrics import weight_tensors
 
 __all__ = ["LayerSparsity", "schedule_masks", "layer_sparsities", "total_sparsity",
            "masks_sparsity_table"]

@@ -8,10 +8,10 @@ import torch
 from tabulate import tabulate
 from torch import Tensor, nn
 
-from compressor.errors import UsageError
-from compressor.metrics import layer_costs, model_metrics, weight_tensors
 from compressor.models.description import description_of
 from compressor.pruning.groups import sparsity
+from compressor.reports.metrics import layer_costs, model_metrics, weight_tensors
+from compressor.utils.errors import UsageError
 
 __all__ = ["SUMMARY_KINDS", "print_summary", "sparsity_table", "compute_table",
            "model_table", "modules_table"]

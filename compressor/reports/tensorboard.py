@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from compressor.errors import UsageError
 from compressor.reports.sparsity import LayerSparsity, total_sparsity
+from compressor.utils.errors import UsageError
 
 __all__ = ["INSTALL_HINT", "SCALARS_HOOK", "require_tensorboard", "row_scalars",
            "sparsity_scalars", "compression_scalars", "TensorBoardLog"]

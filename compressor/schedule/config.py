@@ -12,8 +12,9 @@ from typing import Any, NoReturn
 
 from torch import Tensor, nn
 
-from compressor.errors import ScheduleError
 from compressor.models.description import unwrap_model
+from compressor.models.names import canonical_name
+from compressor.utils.errors import ScheduleError
 
 __all__ = ["EntryReader", "ParamResolver", "unwrap_model", "shown", "DEFAULT_KEY"]
 
@@ -129,8 +130,9 @@ class ParamResolver:
         for prefix in ("module.", "_orig_mod."):
             if name.startswith(prefix):
                 spellings.append(name[len(prefix):])
-        parts = [part for part in name.split(".") if part not in ("module", "_orig_mod")]
-        spellings.append(".".join(parts))
+        canonical = canonical_name(name)
+        spellings.append(canonical)
+        parts = canonical.split(".")
         if len(parts) > 1:  # a quantizer wraps layers: conv1.weight is conv1.wrapped.weight
             spellings.append(".".join([*parts[:-1], "wrapped", parts[-1]]))
         return spellings

@@ -47,7 +47,7 @@ class StructureRemover:
 
     def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Thin `model` in place, rebind the optimizer; returns the composed recipe."""
-        from compressor.transforms import thin
+        from compressor.thinning.transform import thin
 
         old = dict(model.named_parameters())
         recipe = thin(model)

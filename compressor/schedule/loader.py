@@ -12,7 +12,6 @@ import torch
 import yaml
 from torch import nn
 
-from compressor.errors import ScheduleError
 from compressor.pruning import SparsityLevelParameterPruner
 from compressor.schedule.config import EntryReader, ParamResolver, shown
 from compressor.schedule.lr import LR_SCHEDULERS
@@ -34,6 +33,7 @@ from compressor.schedule.registry import (
     section_of,
 )
 from compressor.schedule.scheduler import CompressionScheduler
+from compressor.utils.errors import ScheduleError
 
 __all__ = ["load_schedule", "read_schedule", "build_scheduler", "SECTIONS"]
 

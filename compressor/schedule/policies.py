@@ -4,20 +4,38 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from compressor.pruning import Pruner, PruneStep
 from compressor.regularization import Regularizer
 from compressor.schedule.lr import end_of_epoch
 
-if TYPE_CHECKING:
-    from compressor.schedule.scheduler import CompressionScheduler
-
 __all__ = ["Window", "PruningOptions", "Policy", "PruningPolicy", "RegularizationPolicy",
            "LRPolicy", "ExtensionPolicy", "QuantizationPolicy"]
+
+
+class CompressionScheduler(Protocol):
+    """What a policy uses of the scheduler that calls it (compressor.schedule.scheduler)."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    seed: int
+    params: dict[str, Tensor]
+
+    def masks_changed(self) -> None:
+        """A policy's masks changed: the effective masks are recomputed."""
+        ...
+
+    def apply_masks(self) -> None:
+        """Multiply every masked parameter by its effective mask."""
+        ...
+
+    def parameters_replaced(self) -> None:
+        """The model's parameters were replaced (thinning): re-read them."""
+        ...
 
 
 @dataclass(frozen=True)

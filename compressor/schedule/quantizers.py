@@ -8,9 +8,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from compressor.assembly.recipes import record_transform
 from compressor.models.description import described, description_of, unwrap_model
+from compressor.quantization.recipe import QUANTIZATION
 from compressor.schedule.config import EntryReader
-from compressor.transforms import QUANTIZATION, record_transform
 
 __all__ = ["prepare_quantizer", "qat_recipe"]
 

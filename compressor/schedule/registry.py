@@ -6,7 +6,6 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from compressor.errors import ScheduleError
 from compressor.pruning import (
     ActivationAPoZRankedFilterPruner,
     AutomatedGradualPruner,
@@ -28,6 +27,7 @@ from compressor.regularization import (
     L1Regularizer,
 )
 from compressor.schedule.config import EntryReader, ParamResolver, shown
+from compressor.utils.errors import ScheduleError
 
 __all__ = ["SCHEDULE_CLASSES", "QUANTIZER_CLASSES", "RETIRED_QUANTIZERS", "Builder", "section_of",
            "per_weight_values"]

@@ -8,10 +8,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compressor.distributed import verify_identical
-from compressor.errors import ScheduleError
 from compressor.schedule.config import unwrap_model
 from compressor.schedule.policies import ExtensionPolicy, LRPolicy, Policy, PruningPolicy
+from compressor.utils.distributed import verify_identical
+from compressor.utils.errors import ScheduleError
 
 __all__ = ["CompressionScheduler", "STATE_VERSION"]
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compressor.errors import CheckpointError
+from compressor.utils.errors import CheckpointError
 
 __all__ = ["RECIPE_VERSION", "THINNABLE", "apply_thinning_recipe", "compose_recipes",
            "module_sizes", "is_depthwise"]

@@ -16,8 +16,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compressor.errors import CompressorError, UsageError
-from compressor.losses import main_logits
 from compressor.models.description import description_of
 from compressor.thinning.recipe import (
     RECIPE_VERSION,
@@ -26,6 +24,8 @@ from compressor.thinning.recipe import (
     is_depthwise,
     module_sizes,
 )
+from compressor.training.losses import main_logits
+from compressor.utils.errors import CompressorError, UsageError
 
 __all__ = ["thin_model", "find_thinning"]
 

@@ -1,8 +1,8 @@
-"""Checkpoints: plain, versioned dicts, written atomically and read with weights_only=True.
+"""Checkpoint files: plain, versioned dicts, written atomically and read with weights_only=True.
 
-Every file the project writes (checkpoints, best.pth.tar, metrics.csv, results.json,
-args.yaml) goes through `atomic_write`: a temporary file beside the target, fsynced, then
-renamed into place, so a crash never leaves a half-written file.
+This module knows the file format (required keys, format version, RNG state, wrapper prefixes)
+and no model or method: compressor.assembly.state turns a model into the dict and back,
+calling each recipe's own hooks for weights stored in a method's form.
 """
 
 from __future__ import annotations
@@ -12,22 +12,21 @@ import pickle
 import random
 import shutil
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
 import torch
-from torch import nn
 
-from compressor.errors import CheckpointError, CompressorError
-from compressor.models.description import ModelDescription, description_of, unwrap_model
+from compressor.models.description import ModelDescription
+from compressor.utils.atomic_io import atomic_write
+from compressor.utils.errors import CheckpointError, CompressorError
 
 __all__ = [
-    "FORMAT_VERSION", "REQUIRED_KEYS", "CHECKPOINT_NAME", "BEST_NAME", "atomic_write",
-    "atomic_write_text", "save_checkpoint", "save_run_checkpoint", "assemble_checkpoint",
-    "load_checkpoint", "require_full_checkpoint", "read_description", "load_weights",
-    "clean_state_dict", "plain_state_dict", "get_rng_state", "set_rng_state",
+    "FORMAT_VERSION", "REQUIRED_KEYS", "CHECKPOINT_NAME", "BEST_NAME", "save_checkpoint",
+    "save_run_checkpoint", "load_checkpoint", "require_full_checkpoint", "read_description",
+    "clean_state_dict", "get_rng_state", "set_rng_state",
 ]
 
 # 2: model_attrs holds the framework transforms as an ordered list under "transforms"
@@ -38,30 +37,6 @@ REQUIRED_KEYS = ("format_version", "arch", "dataset", "num_classes", "model_attr
 CHECKPOINT_NAME = "checkpoint.pth.tar"
 BEST_NAME = "best.pth.tar"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:
-    """Call `write(handle)` on a temporary file beside `path`, fsync it, rename it into place."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write a UTF-8 text file atomically."""
-    atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any]) -> None:
@@ -79,27 +54,6 @@ def save_run_checkpoint(run_dir: Path, state: Mapping[str, Any], is_best: bool) 
                 shutil.copyfileobj(source, handle)
 
         atomic_write(run_dir / BEST_NAME, copy)
-
-
-def assemble_checkpoint(model: nn.Module, *, args: Mapping[str, Any],
-                        **progress: Any) -> dict[str, Any]:
-    """The checkpoint dict of DESIGN.md for `model` (wrappers looked through) and progress keys.
-
-    The model's ModelDescription gives arch, dataset, classes, input spec and model_attrs;
-    `progress` holds optimizer, lr_scheduler, compression, epoch, best_top1, best_epoch, rng...
-    """
-    description = description_of(model)
-    return {
-        "format_version": FORMAT_VERSION,
-        "arch": description.arch,
-        "dataset": description.dataset,
-        "num_classes": description.num_classes,
-        "model_attrs": description.model_attrs(),
-        "input_spec": description.input_spec.to_dict(),
-        "state_dict": plain_state_dict(model),
-        "args": dict(args),
-        **progress,
-    }
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
@@ -165,25 +119,6 @@ def read_description(checkpoint: Mapping[str, Any],
                               f"{_first_line(exc)}); use another checkpoint") from None
 
 
-def load_weights(model: nn.Module, state_dict: Mapping[str, Any], source: str) -> None:
-    """Load a state dict (module./_orig_mod. prefixes stripped), naming the file on mismatch."""
-    if not isinstance(state_dict, Mapping):
-        raise CheckpointError(f"{source} holds no state dict of tensors; use a checkpoint "
-                              "saved by compressor or torch.save(model.state_dict())")
-    try:
-        inner = unwrap_model(model)
-        cleaned = clean_state_dict(state_dict)
-        if _post_training_quantized(inner):
-            from compressor.quantization.packing import unpack_state_dict
-
-            cleaned = unpack_state_dict(inner, cleaned)
-        inner.load_state_dict(cleaned, strict=True)
-    except (RuntimeError, TypeError, AttributeError, KeyError, ValueError) as exc:
-        detail = " ".join(str(exc).split())[:300]
-        raise CheckpointError(f"weights in {source} do not fit {description_of(model).arch} "
-                              f"({detail}); check the arch and the file") from None
-
-
 def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
     """Strip DataParallel/DDP `module.` and torch.compile `_orig_mod.` prefixes."""
     cleaned = {}
@@ -193,27 +128,6 @@ def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
             name = name.split(".", 1)[1]
         cleaned[name] = value
     return cleaned
-
-
-def _post_training_quantized(model: nn.Module) -> bool:
-    """Whether the model is post-training quantized (its weights are stored as integers)."""
-    from compressor.models.description import described
-    from compressor.transforms import quantization_kind
-
-    return described(model) and quantization_kind(description_of(model)) == "post_train"
-
-
-def plain_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict with wrapper prefixes stripped (masks live in the tensors);
-    a post-training quantized model's weights as plain integer tensors with their scales."""
-    from compressor.transforms import stored_form
-
-    inner = stored_form(model)
-    if _post_training_quantized(inner):
-        from compressor.quantization.packing import pack_state_dict
-
-        return clean_state_dict(pack_state_dict(inner))
-    return clean_state_dict(inner.state_dict())
 
 
 def get_rng_state() -> dict[str, Any]:

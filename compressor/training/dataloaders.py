@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler
 
-from compressor.distributed import DistContext
+from compressor.utils.distributed import DistContext
 
 __all__ = ["epoch_seed", "seed_everything", "train_loader", "eval_loader", "ShardSampler"]
 

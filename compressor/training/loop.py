@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm import tqdm
 
-from compressor.losses import LossFn, main_logits
+from compressor.training.losses import LossFn, main_logits
 
 __all__ = ["TrainHooks", "NoHooks", "MetricSums", "count_correct", "train_one_epoch", "evaluate"]
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import yaml
 
-from compressor.checkpoint import atomic_write_text
-from compressor.errors import UsageError
+from compressor.utils.atomic_io import atomic_write_text
+from compressor.utils.errors import UsageError
 
 __all__ = ["choose_run_dir", "logging_to", "write_args_yaml", "write_metrics_csv",
            "write_results_json"]

@@ -1,56 +1,37 @@
 """The dataset table: one DatasetSpec row holds everything the framework knows about a dataset.
 
 The command line's --dataset choices, the model registry (classes, default input spec), the
-loaders (compressor.data.load) and the transforms (compressor.data.transforms) all read this
-table; adding a dataset is one row here plus, for a new file format, its loader function.
+loaders (compressor.data.load) and the image transforms (compressor.data.transforms) all read
+this table; adding a dataset is one row here plus, for a new file format, its loader function
+in compressor.data and one line in compressor.data.load.LOADERS.
 
-This module imports no loader: the registry reads it and `models` must not import data code.
-A row names its loader as (module, function), imported on the first call.
+The table is plain data and a leaf: the model registry reads it, and models never import data.
+A row names its file format by a key of compressor.data.load.LOADERS.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from compressor.errors import UsageError
-from compressor.input_spec import IMAGENET_MEAN, IMAGENET_STD, InputSpec
-
-if TYPE_CHECKING:
-    from compressor.data.splits import LoadRequest, RawSplits
+from compressor.utils.errors import UsageError
+from compressor.utils.input_spec import IMAGENET_MEAN, IMAGENET_STD, InputSpec
 
 __all__ = [
-    "DatasetSpec", "LazyLoader", "DATASET_SPECS", "dataset_spec", "dataset_names",
+    "DatasetSpec", "DATASET_SPECS", "dataset_spec", "dataset_names", "SYNTHETIC",
+    "DATASET_INPUT_SPECS", "DATASET_NUM_CLASSES",
     "NO_AUGMENT", "PAD_CROP_FLIP", "RESIZED_CROP_FLIP", "AUGMENTATIONS", "DIGIT_NAMES",
     "FASHION_MNIST_NAMES", "CIFAR10_NAMES", "CIFAR100_NAMES",
 ]
 
+SYNTHETIC = "synthetic"
 # Training augmentations, built by compressor.data.transforms.
 NO_AUGMENT = "none"
 PAD_CROP_FLIP = "pad-crop-flip"  # RandomCrop(crop, padding=4) + flip: Distiller's CIFAR
 RESIZED_CROP_FLIP = "resized-crop-flip"  # RandomResizedCrop(crop) + flip: ImageNet
 AUGMENTATIONS = (NO_AUGMENT, PAD_CROP_FLIP, RESIZED_CROP_FLIP)
-
-
-@dataclass(frozen=True)
-class LazyLoader:
-    """A loader function named by module and attribute, imported when first called."""
-
-    module: str
-    function: str
-    options: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments it receives
-
-    def __call__(self, request: LoadRequest) -> RawSplits:
-        """Load the raw splits a request asks for: function(request, **options)."""
-        loader = getattr(importlib.import_module(self.module), self.function)
-        return loader(request, **self.options)
-
-
-def _loader(module: str, function: str, **options: Any) -> LazyLoader:
-    return LazyLoader(f"compressor.data.{module}", function, MappingProxyType(options))
 
 
 @dataclass(frozen=True)
@@ -64,9 +45,10 @@ class DatasetSpec:
     # it varies; None: samples are generated ready to use (no transform at all)
     needs_dir: bool  # read from DATASET_DIR (False: embedded or generated)
     augment: str  # one of AUGMENTATIONS
-    loader: LazyLoader
+    loader: str  # its file format: a key of compressor.data.load.LOADERS
     class_names: tuple[str, ...] = ()  # label i is class_names[i]; () when the loader knows
     # them (ImageFolder's folders) or nobody does (synthetic)
+    loader_options: Mapping[str, Any] = field(default_factory=dict)  # keywords the loader takes
 
     def __post_init__(self) -> None:
         if self.augment not in AUGMENTATIONS:
@@ -97,22 +79,23 @@ CIFAR100_NAMES = tuple("""
 def _idx(name: str, subdirs: tuple[str, ...], mean: float, std: float,
          class_names: tuple[str, ...]) -> DatasetSpec:
     return DatasetSpec(name, 10, InputSpec((1, 28, 28), 28, 28, (mean,), (std,), "bilinear"),
-                       (1, 28), True, NO_AUGMENT, _loader("idx", "load_idx_dataset",
-                                                          subdirs=subdirs), class_names)
+                       (1, 28), True, NO_AUGMENT, "idx", class_names,
+                       MappingProxyType({"subdirs": subdirs}))
 
 
 def _cifar(name: str, spec: InputSpec, classes: int, subdir: str, train: tuple[str, ...],
            test: tuple[str, ...], label_key: str, archive: str, meta: tuple[str, str],
            class_names: tuple[str, ...]) -> DatasetSpec:
-    loader = _loader("cifar", "load_cifar_dataset", subdir=subdir, train_files=train,
-                     test_files=test, label_key=label_key, archive=archive, meta=meta)
-    return DatasetSpec(name, classes, spec, (3, 32), True, PAD_CROP_FLIP, loader, class_names)
+    options = MappingProxyType({"subdir": subdir, "train_files": train, "test_files": test,
+                                "label_key": label_key, "archive": archive, "meta": meta})
+    return DatasetSpec(name, classes, spec, (3, 32), True, PAD_CROP_FLIP, "cifar", class_names,
+                       options)
 
 
 # Distiller's own preprocessing for its small datasets, so its checkpoints evaluate as trained.
 DATASET_SPECS: MappingProxyType[str, DatasetSpec] = MappingProxyType({spec.name: spec for spec in (
     DatasetSpec("digits", 10, InputSpec((1, 8, 8), 8, 8, (0.3054,), (0.3761,), "nearest"),
-                (1, 8), False, NO_AUGMENT, _loader("digits", "load_digits_dataset"), DIGIT_NAMES),
+                (1, 8), False, NO_AUGMENT, "digits", DIGIT_NAMES),
     _idx("mnist", ("MNIST/raw", "MNIST", "mnist"), 0.1307, 0.3081, DIGIT_NAMES),
     _idx("fashion-mnist", ("FashionMNIST/raw", "FashionMNIST", "fashion-mnist"), 0.2860, 0.3530,
          FASHION_MNIST_NAMES),
@@ -126,9 +109,8 @@ DATASET_SPECS: MappingProxyType[str, DatasetSpec] = MappingProxyType({spec.name:
            ("meta", "fine_label_names"), CIFAR100_NAMES),
     DatasetSpec("imagenet", 1000,
                 InputSpec((3, 224, 224), 256, 224, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
-                (3, None), True, RESIZED_CROP_FLIP, _loader("imagenet", "load_imagenet_dataset")),
-    DatasetSpec("synthetic", None, None, None, False, NO_AUGMENT,
-                _loader("synthetic", "load_synthetic_dataset")),
+                (3, None), True, RESIZED_CROP_FLIP, "imagenet"),
+    DatasetSpec(SYNTHETIC, None, None, None, False, NO_AUGMENT, "synthetic"),
 )})
 
 
@@ -144,3 +126,13 @@ def dataset_spec(name: str) -> DatasetSpec:
     except KeyError:
         raise UsageError(f"unknown dataset '{name}'; use one of: "
                          f"{', '.join(DATASET_SPECS)}") from None
+
+
+# Views of the table: datasets with their own preprocessing and class count (the synthetic
+# dataset takes both from the architecture's default dataset).
+DATASET_INPUT_SPECS: MappingProxyType[str, InputSpec] = MappingProxyType({
+    name: spec.input_spec for name, spec in DATASET_SPECS.items() if spec.input_spec is not None})
+
+DATASET_NUM_CLASSES: MappingProxyType[str, int] = MappingProxyType({
+    name: spec.num_classes for name, spec in DATASET_SPECS.items()
+    if spec.num_classes is not None})

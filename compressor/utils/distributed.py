@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from compressor.errors import UsageError
+from compressor.utils.errors import UsageError
 
 __all__ = ["DistContext", "ReplicaMismatchError", "init_distributed", "pick_device",
            "is_distributed", "rank", "world_size", "all_reduce_sum", "barrier", "shutdown",

@@ -1,6 +1,7 @@
 """Typed errors that the command line turns into one line on stderr and exit status 2."""
 
-__all__ = ["CompressorError", "UsageError", "DataError", "CheckpointError", "ScheduleError"]
+__all__ = ["CompressorError", "UsageError", "DataError", "CheckpointError", "ScheduleError",
+           "ExportError"]
 
 
 class CompressorError(Exception):
@@ -21,3 +22,7 @@ class CheckpointError(CompressorError):
 
 class ScheduleError(CompressorError):
     """A compression schedule (YAML) is invalid."""
+
+
+class ExportError(CompressorError):
+    """An export failed, or the exported file does not compute what the PyTorch model does."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from compressor.memory.checkpointing import checkpoint_seq
 from compressor.models.cifar.resnet import CIFAR_DATASETS, conv3x3
-from compressor.models.eltwise import EltwiseAdd
-from compressor.models.input_spec import InputSpec
+from compressor.models.layers.checkpointing import checkpoint_seq
+from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.models.registry import register_model
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["PreactBasicBlock", "PreactResNetCifar", "channel_pad_downsample"]
 

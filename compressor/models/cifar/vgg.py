@@ -6,9 +6,9 @@ from types import MappingProxyType
 
 from torch import Tensor, nn
 
-from compressor.memory.checkpointing import block_segments, checkpoint_seq
-from compressor.models.input_spec import InputSpec
+from compressor.models.layers.checkpointing import block_segments, checkpoint_seq
 from compressor.models.registry import register_model
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["VGGCifar", "make_vgg_features", "VGG_CONFIGS"]
 

@@ -10,8 +10,8 @@ import math
 
 from torch import Tensor, nn
 
-from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["AlexNetBN"]
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from compressor.memory.checkpointing import checkpoint_seq
-from compressor.models.eltwise import EltwiseAdd
 from compressor.models.init import kaiming_conv_bn_init_
-from compressor.models.input_spec import InputSpec
+from compressor.models.layers.checkpointing import checkpoint_seq
+from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.models.registry import register_model
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["PreactBasicBlock", "PreactBottleneck", "PreactResNet"]
 

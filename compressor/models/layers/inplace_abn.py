@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.autograd.function import once_differentiable
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from compressor.errors import UsageError
+from compressor.utils.errors import UsageError
 
 __all__ = ["InPlaceABN", "InPlaceABNFunction", "ACTIVATIONS", "convert_to_inplace_abn"]
 

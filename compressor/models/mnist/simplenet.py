@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from compressor.models.input_spec import InputSpec
 from compressor.models.registry import register_model
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["SimpleNetMnist", "SimpleNetDigits"]
 

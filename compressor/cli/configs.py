@@ -1,0 +1,95 @@
+"""Parsed arguments -> the small typed configs of compressor.utils.config (argparse ends here)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from compressor.utils.config import (
+    DataConfig,
+    DistillationConfig,
+    LoaderConfig,
+    ModelRequest,
+    OptimizerConfig,
+    QuantizeConfig,
+    ReportConfig,
+    TrainConfig,
+)
+
+__all__ = ["model_request", "optimizer_config", "loader_config", "train_config",
+           "quantize_config", "data_config", "is_training", "args_record"]
+
+
+def _path(text: str | None) -> Path | None:
+    return Path(text) if text else None
+
+
+def model_request(args: argparse.Namespace) -> ModelRequest:
+    """What model the command line asks for (an arch, or a checkpoint to rebuild)."""
+    return ModelRequest(arch=args.arch, checkpoint=_path(args.resume_from), dataset=args.dataset,
+                        pretrained=args.pretrained, memory_efficient=args.memory_efficient,
+                        load_weights_from=_path(args.load_weights_from))
+
+
+def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
+    """--lr, --momentum, --wd."""
+    return OptimizerConfig(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+
+
+def loader_config(args: argparse.Namespace) -> LoaderConfig:
+    """-b, -j."""
+    return LoaderConfig(batch_size=args.batch_size, workers=args.workers)
+
+
+def _distillation_config(args: argparse.Namespace) -> DistillationConfig | None:
+    if args.kd_teacher is None and args.kd_resume is None:
+        return None
+    teacher = ModelRequest(arch=args.kd_teacher, checkpoint=_path(args.kd_resume),
+                           pretrained=args.kd_pretrained)
+    return DistillationConfig(teacher=teacher, temperature=args.kd_temperature,
+                              distill_weight=args.kd_distill_wt,
+                              student_weight=args.kd_student_wt,
+                              start_epoch=args.kd_start_epoch)
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """Epochs, optimizer, loaders, schedule, distillation and per-epoch reports."""
+    reports = ReportConfig(tensorboard=args.tensorboard, confusion=args.confusion,
+                           masks_sparsity=args.masks_sparsity)
+    return TrainConfig(epochs=args.epochs, optimizer=optimizer_config(args),
+                       loader=loader_config(args), print_freq=args.print_freq,
+                       compress=_path(args.compress), reset_optimizer=args.reset_optimizer,
+                       distillation=_distillation_config(args), reports=reports)
+
+
+def quantize_config(args: argparse.Namespace) -> QuantizeConfig:
+    """The --qe* flags."""
+    return QuantizeConfig(
+        quantize=args.quantize_eval, convert=args.qe_convert_pytorch,
+        backend=args.qe_pytorch_backend, mode_acts=args.qe_mode_acts or args.qe_mode,
+        mode_wts=args.qe_mode_wts or args.qe_mode, bits_acts=args.qe_bits_acts,
+        bits_wts=args.qe_bits_wts, bits_accum=args.qe_bits_accum, clip_acts=args.qe_clip_acts,
+        clip_n_stds=args.qe_clip_n_stds, per_channel=args.qe_per_channel,
+        no_clip_layers=tuple(args.qe_no_clip_layers),
+        no_quant_layers=tuple(args.qe_no_quant_layers),
+        calibration=args.qe_calibration, stats_file=_path(args.qe_stats_file),
+        dynamic=args.qe_dynamic, config_file=_path(args.qe_config_file))
+
+
+def data_config(args: argparse.Namespace, training: bool) -> DataConfig:
+    """DATASET_DIR and Distiller's split fractions (--vs only when training)."""
+    return DataConfig(root=args.data, validation_split=args.validation_split if training else 0.0,
+                      effective_train_size=args.effective_train_size,
+                      effective_valid_size=args.effective_valid_size,
+                      effective_test_size=args.effective_test_size)
+
+
+def is_training(args: argparse.Namespace) -> bool:
+    """Whether this command trains (no -e, --sense, --thinnify or --export-onnx)."""
+    return not (args.evaluate or args.sense or args.thinnify or args.export_onnx is not None)
+
+
+def args_record(args: argparse.Namespace) -> dict[str, Any]:
+    """The parsed arguments as plain values (args.yaml, the checkpoint's `args`)."""
+    return dict(vars(args))

@@ -1,0 +1,84 @@
+"""What several commands share: a run's data, its evaluation function, the facts every
+results.json carries, and the resolved-arguments record."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from compressor.assembly.setup import RunSetup
+from compressor.data import DatasetSplits, EvaluationData, load_datasets, load_test_dataset
+from compressor.models.description import description_of
+from compressor.reports.metrics import model_metrics
+from compressor.training.dataloaders import eval_loader
+from compressor.training.loop import evaluate
+from compressor.utils.config import DataConfig, LoaderConfig
+from compressor.utils.distributed import DistContext, all_reduce_sum
+
+__all__ = ["EvaluateFn", "load_run_data", "device_of", "evaluation_fn", "model_facts",
+           "run_record"]
+
+EvaluateFn = Callable[[nn.Module], dict[str, float]]
+
+
+def load_run_data(setup: RunSetup, config: DataConfig, training: bool
+                  ) -> DatasetSplits | EvaluationData:
+    """Training: train/validation/test splits; otherwise the test split alone (no train files)."""
+    description = setup.description
+    checkpoint = setup.checkpoint or {}
+    recorded = checkpoint.get("args")
+    pretrained = setup.model.pretrained or bool(
+        isinstance(recorded, dict) and recorded.get("pretrained"))
+    names = recorded.get("class_names") if isinstance(recorded, dict) else None
+    labels = {"seed": setup.seed, "num_classes": description.num_classes,
+              "pretrained": pretrained,
+              "class_names": [str(n) for n in names] if isinstance(names, list) and names
+              else None}
+    if not training:
+        return load_test_dataset(description.dataset, config.root, description.input_spec,
+                                 effective_test_size=config.effective_test_size, **labels)
+    return load_datasets(description.dataset, config.root, description.input_spec,
+                         validation_split=config.validation_split,
+                         effective_train_size=config.effective_train_size,
+                         effective_valid_size=config.effective_valid_size,
+                         effective_test_size=config.effective_test_size, **labels)
+
+
+def device_of(model: nn.Module, ctx: DistContext) -> torch.device:
+    """The run's device, or the CPU for a model that only runs there (int8 kernels)."""
+    device = next((t.device for t in model.state_dict().values()
+                   if isinstance(t, torch.Tensor)), ctx.device)
+    return device if device.type == "cpu" else ctx.device
+
+
+def evaluation_fn(dataset: Dataset, loader: LoaderConfig, ctx: DistContext,
+                  desc: str = "test") -> EvaluateFn:
+    """model -> top-1/top-5/loss on `dataset` (all-reduced across ranks), on the model's device."""
+    batches = eval_loader(dataset, loader.batch_size, loader.workers, ctx)
+    reduce = all_reduce_sum if ctx.enabled else None
+
+    def evaluate_fn(net: nn.Module) -> dict[str, float]:
+        return evaluate(net, batches, device_of(net, ctx), reduce=reduce, desc=desc)
+
+    return evaluate_fn
+
+
+def model_facts(model: nn.Module, run_dir: Path) -> dict[str, Any]:
+    """What every results.json says of its model: identity, sparsity, params, MACs, sizes."""
+    description = description_of(model)
+    return {"arch": description.arch, "dataset": description.dataset,
+            "num_classes": description.num_classes,
+            "transforms": [step.name for step in description.transforms],
+            **model_metrics(model, run_dir / "checkpoint.pth.tar")}
+
+
+def run_record(arguments: Mapping[str, Any], setup: RunSetup,
+               class_names: tuple[str, ...]) -> dict[str, Any]:
+    """The resolved arguments: args.yaml, and the checkpoint's `args`."""
+    return {**arguments, **setup.description.to_dict(), "seed": setup.seed,
+            "class_names": list(class_names)}

@@ -1,0 +1,64 @@
+"""`--export-onnx [FILE]`: export at the arch's input spec, check in ONNX Runtime, write
+export.json and results.json in a run directory of its own."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from compressor.assembly.setup import RunSetup
+from compressor.commands.common import load_run_data, model_facts, run_record
+from compressor.data import needs_data_dir
+from compressor.export import export_onnx, require_onnx
+from compressor.training.run_dir import (
+    choose_run_dir,
+    logging_to,
+    write_args_yaml,
+    write_results_json,
+)
+from compressor.utils.config import DataConfig
+from compressor.utils.distributed import DistContext
+
+__all__ = ["run_export", "export_sample"]
+
+MAX_SAMPLE = 32  # test images the exported model is checked on
+
+
+def export_sample(setup: RunSetup, data: DataConfig, batch_size: int) -> torch.Tensor:
+    """A real test batch when the data is at hand, else a seeded random batch at the spec."""
+    description = setup.description
+    if data.root is not None or not needs_data_dir(description.dataset):
+        test = load_run_data(setup, data, training=False).test
+        count = min(len(test), max(1, min(batch_size, MAX_SAMPLE)))
+        return torch.stack([test[i][0] for i in range(count)])
+    generator = torch.Generator().manual_seed(setup.seed)
+    return torch.randn(8, *description.input_spec.input_size, generator=generator)
+
+
+def run_export(setup: RunSetup, ctx: DistContext, model: nn.Module, *, target: str,
+               data: DataConfig, batch_size: int, output_dir: str, name: str | None,
+               arguments: Mapping[str, Any], started: float) -> int:
+    """Export `model` to `target` (a bare file name lands in the run directory); exit status."""
+    require_onnx()  # without the extra, say so before any data is read
+    sample = export_sample(setup, data, batch_size)
+    run_dir = choose_run_dir(output_dir, name, setup.arch, None)
+    if not ctx.is_main:
+        return 0
+    run_dir.mkdir(parents=True, exist_ok=True)
+    destination = Path(target)
+    if not destination.is_absolute() and destination.parent == Path("."):
+        destination = run_dir / destination
+    with logging_to(run_dir, True) as log:
+        log.info("run directory %s", run_dir)
+        write_args_yaml(run_dir, run_record(arguments, setup, ()))
+        facts = export_onnx(model.cpu().eval(), destination, sample, run_dir)
+        results = {**model_facts(model, run_dir), "export": facts,
+                   "time": time.perf_counter() - started}
+        write_results_json(run_dir, results)
+        log.info("exported %s (%s)", destination, run_dir / "export.json")
+    return 0
