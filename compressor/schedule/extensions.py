@@ -3,13 +3,23 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-__all__ = ["StructureRemover", "rebind_optimizer"]
+from compressor.models.description import described, unwrap_model
+from compressor.pruning.structured import StructurePruner
+from compressor.thinning.support import check_thinnable
+from compressor.thinning.transform import probe_batch, thin
+from compressor.utils.errors import ScheduleError, UsageError
+
+__all__ = ["StructureRemover", "rebind_optimizer", "thinned_layers", "check_schedule_thinning",
+           "THINNED_GROUPS"]
+
+# Structure groups whose zeros thinning removes: filters (and a linear layer's rows), channels.
+THINNED_GROUPS = ("Filters", "3D", "Rows", "Channels")
 
 LOG = logging.getLogger("compressor")
 
@@ -47,10 +57,35 @@ class StructureRemover:
 
     def apply(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """Thin `model` in place, rebind the optimizer; returns the composed recipe."""
-        from compressor.thinning.transform import thin
-
         old = dict(model.named_parameters())
         recipe = thin(model)
         rebind_optimizer(optimizer, old, dict(model.named_parameters()))
         LOG.info("%s: thinned the model (%s)", self.name, self.thinning_func)
         return recipe
+
+
+def thinned_layers(policies: Sequence[Any]) -> list[tuple[str, bool]]:
+    """(module, True for filters / False for input channels) of every structure pruner of a
+    schedule that thins (a FilterRemover / ChannelRemover policy); [] when it does not thin."""
+    if not any(isinstance(getattr(p, "extension", None), StructureRemover) for p in policies):
+        return []
+    layers: list[tuple[str, bool]] = []
+    for policy in policies:
+        pruner = getattr(policy, "pruner", None)
+        if not isinstance(pruner, StructurePruner) or pruner.group_type not in THINNED_GROUPS:
+            continue
+        outputs = pruner.group_type != "Channels"
+        layers += [(weight.rpartition(".")[0], outputs) for weight in pruner.weights]
+    return list(dict.fromkeys(layers))
+
+
+def check_schedule_thinning(model: nn.Module, policies: Sequence[Any], source: str) -> None:
+    """Refuse at load a schedule that would thin channels thinning cannot remove (shared with a
+    grouped convolution, or behind a channel shuffle), naming the layer."""
+    layers = thinned_layers(policies)
+    if not layers or not described(model):
+        return
+    try:
+        check_thinnable(unwrap_model(model), probe_batch(model), layers)
+    except UsageError as exc:
+        raise ScheduleError(f"{source}: {exc}") from None

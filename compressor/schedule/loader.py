@@ -14,6 +14,7 @@ from torch import nn
 
 from compressor.pruning import SparsityLevelParameterPruner
 from compressor.schedule.config import EntryReader, ParamResolver, shown
+from compressor.schedule.extensions import check_schedule_thinning
 from compressor.schedule.lr import LR_SCHEDULERS
 from compressor.schedule.policies import (
     ExtensionPolicy,
@@ -156,6 +157,7 @@ def build_scheduler(doc: Any, model: nn.Module, optimizer: torch.optim.Optimizer
     for policy in policies:  # fake quantization starts with the policy's first epoch
         if fresh_quantizer and isinstance(policy, QuantizationPolicy):
             policy.quantizer.set_enabled(model, min(policy.window.epochs) == 0)
+    check_schedule_thinning(model, policies, source)
     used = {policy.instance_name for policy in policies}
     for name in instances:
         if name not in used:

@@ -24,6 +24,7 @@ from compressor.thinning.recipe import (
     is_depthwise,
     module_sizes,
 )
+from compressor.thinning.support import dependency_graph, is_grouped
 from compressor.training.losses import main_logits
 from compressor.utils.errors import CompressorError, UsageError
 
@@ -92,8 +93,32 @@ class _Plan:
         entry[key].update(int(i) for i in idxs)
 
 
+def _refuse_grouped(items: list[tuple[nn.Module, bool, list[int], list[int]]],
+                    names: dict[nn.Module, str]) -> None:
+    """A group with a grouped (not depthwise) convolution keeps its channels: refuse when some
+    are dead (every producer's filter zero), rather than leave them silently."""
+    grouped = next((m for m, _, _, _ in items if is_grouped(m)), None)
+    producers = [(m, i, r) for m, out, i, r in items
+                 if out and isinstance(m, (CONV, nn.Linear)) and not is_depthwise(m)]
+    if grouped is None or not producers:
+        return
+    dead = {r for _, _, rs in producers for r in rs}
+    for module, idxs, rs in producers:
+        dead -= {r for r, zero in zip(rs, _zero_slices(module, idxs), strict=True) if not zero}
+    if not dead:
+        return
+    source = next((m for m, _, _ in producers if not is_grouped(m)), grouped)
+    shared = ("" if source is grouped else
+              f", shared with grouped convolution '{names[grouped]}' (groups={grouped.groups}),")
+    kind = "grouped convolution " if source is grouped else ""
+    raise UsageError(f"thinning cannot remove the {len(dead)} zeroed filters of {kind}"
+                     f"'{names[source]}'{shared}: a grouped convolution can only lose the same "
+                     "number of channels per group; prune other layers, or keep the model "
+                     "unthinned (masks keep the zeros)")
+
+
 def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact: bool,
-                plan: _Plan) -> int:
+                plan: _Plan, names: dict[nn.Module, str]) -> int:
     """Add one dependency group's dead channels to the plan; returns how many were removed."""
     items = []
     for dep, idxs in group:
@@ -107,12 +132,13 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
             continue  # Torch-Pruning's stand-ins for functional ops need no change
         if not isinstance(module, THINNABLE):
             return 0  # a layer we do not know how to thin
-        if isinstance(module, CONV) and module.groups != 1 and not is_depthwise(module):
-            return 0
         is_out = graph.is_out_channel_pruning_fn(dep.handler)
         if max(idxs, default=-1) >= module_sizes(module)[0 if is_out else 1]:
             return 0  # the traced coupling does not fit this layer: leave the group alone
         items.append((module, is_out, list(idxs), list(_root_idxs(group, dep))))
+    if any(is_grouped(module) for module, _, _, _ in items):
+        _refuse_grouped(items, names)
+        return 0
     producers = [(m, i, r) for m, out, i, r in items
                  if out and isinstance(m, (CONV, nn.Linear)) and not is_depthwise(m)]
     consumers = [(m, i, r) for m, out, i, r in items
@@ -216,20 +242,14 @@ def _refuse_empty_layers(plan: _Plan, names: dict[nn.Module, str]) -> None:
 def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
                   ) -> tuple[dict[str, Any], int]:
     """Fold dead channels' constants into `model` (in place) and return (recipe, channels)."""
-    try:
-        import torch_pruning as tp
-    except ImportError:
-        raise UsageError("thinning needs Torch-Pruning's dependency graph: "
-                         "pip install torch-pruning") from None
-
-    graph = tp.DependencyGraph().build_dependency(model, example_inputs=inputs, verbose=False)
+    graph = dependency_graph(model, inputs)
     groups = list(graph.get_all_groups(root_module_types=(CONV, nn.Linear)))
     consumer_modules = [dep.target.module for g in groups for dep, _ in g
                         if isinstance(dep.target.module, (CONV, nn.Linear))]
     captured = _consumer_inputs(model, consumer_modules, inputs)
     plan = _Plan()
-    removed = sum(_plan_group(g, graph, captured, exact, plan) for g in groups)
     names = {module: name for name, module in model.named_modules()}
+    removed = sum(_plan_group(g, graph, captured, exact, plan, names) for g in groups)
     _refuse_empty_layers(plan, names)
     biased = {module for module, idxs, values in plan.folds if _fold(module, idxs, values)}
     recipe_modules = {}
