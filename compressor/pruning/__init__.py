@@ -11,6 +11,7 @@ from compressor.pruning.magnitude import (
     SparsityLevelParameterPruner,
     SplicingPruner,
 )
+from compressor.pruning.random_ranked import RandomRankedFilterPruner
 from compressor.pruning.structured import (
     BernoulliFilterPruner,
     RandomLevelStructureParameterPruner,
@@ -24,5 +25,5 @@ __all__ = [
     "SparsityLevelParameterPruner", "AutomatedGradualPruner", "SensitivityPruner",
     "SplicingPruner", "StructurePruner", "RankedStructurePruner",
     "RandomLevelStructureParameterPruner", "BernoulliFilterPruner",
-    "ActivationAPoZRankedFilterPruner",
+    "ActivationAPoZRankedFilterPruner", "RandomRankedFilterPruner",
 ]

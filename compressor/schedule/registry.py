@@ -13,6 +13,7 @@ from compressor.pruning import (
     MagnitudeParameterPruner,
     PerWeightPruner,
     RandomLevelStructureParameterPruner,
+    RandomRankedFilterPruner,
     RankedStructurePruner,
     SensitivityPruner,
     SparsityLevelParameterPruner,
@@ -83,16 +84,16 @@ def _block_shape(reader: EntryReader, group_type: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _ranked(norm: int, agp: bool) -> Builder:
+def _ranked(norm: int, agp: bool, cls: type[RankedStructurePruner] = RankedStructurePruner
+            ) -> Builder:
     def build(name: str, reader: EntryReader, resolver: ParamResolver) -> RankedStructurePruner:
         levels = _agp_levels(reader) if agp else {"level": reader.sparsity("desired_sparsity")}
         group_type = _group_type(reader, default="Filters")
         block_shape = _block_shape(reader, group_type)
         dependency = reader.choice("group_dependency", ("Leader",), None)
         weights = _weights(reader, resolver, group_type, block_shape)
-        return RankedStructurePruner(name, weights, group_type=group_type, norm=norm,
-                                     group_dependency=dependency, block_shape=block_shape,
-                                     **levels)
+        return cls(name, weights, group_type=group_type, norm=norm,
+                   group_dependency=dependency, block_shape=block_shape, **levels)
     return build
 
 
@@ -231,6 +232,7 @@ SCHEDULE_CLASSES: Mapping[str, tuple[str, Builder | None]] = MappingProxyType({
     "BernoulliFilterPruner": ("pruners", _bernoulli(agp=False)),
     "BernoulliFilterPruner_AGP": ("pruners", _bernoulli(agp=True)),
     "ActivationAPoZRankedFilterPruner_AGP": ("pruners", _apoz),
+    "RandomRankedFilterPruner_AGP": ("pruners", _ranked(1, agp=True, cls=RandomRankedFilterPruner)),
     "L1Regularizer": ("regularizers", _regularizer(L1Regularizer, grouped=False)),
     "GroupLassoRegularizer": ("regularizers", _regularizer(GroupLassoRegularizer, True)),
     "GroupVarianceRegularizer": ("regularizers", _regularizer(GroupVarianceRegularizer, True)),
