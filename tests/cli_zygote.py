@@ -4,11 +4,13 @@ The server (run as a script) and its client, CliZygote, used by tests/conftest.p
 zygote per pytest worker, started as a fresh single-threaded interpreter, so forking it is safe
 (never fork a pytest worker: it has threads). Protocol, JSON lines over its stdin/stdout pipes:
   request  {"argv": [script, *args], "cwd": str, "env": {...}, "stdout_path": str,
-            "stderr_path": str}
-  replies  {"pid": int} once the child is forked, then {"pid": int, "returncode": int}.
+            "stderr_path": str, "ranks": int}
+  replies  {"pids": [int, ...]} once the children are forked, then {"returncode": int}.
 The child runs the script (compress_classifier.py for run_cli) as `python script args` would, with
-fds 1 and 2 on the two files; the zygote itself never runs CLI code, so no state leaks between
-runs.
+fds 1 and 2 appending to the two files; the zygote itself never runs CLI code, so no state leaks
+between runs. With "ranks": N > 1 it forks N children at once, each with the environment torchrun
+gives a worker of a one-node job (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT from the request's env); the return code is the first rank's that failed, else 0.
 """
 
 from __future__ import annotations
@@ -56,32 +58,32 @@ class CliZygote:
         """Whether the zygote process is still serving."""
         return self._process.poll() is None
 
-    def run(self, command: list[str], cwd: Path, env: dict[str, str],
-            timeout: float) -> subprocess.CompletedProcess[str]:
+    def run(self, command: list[str], cwd: Path, env: dict[str, str], timeout: float,
+            ranks: int = 1) -> subprocess.CompletedProcess[str]:
         """subprocess.run(command, capture_output=True, text=True, ...) of `python script ARGS`,
-        in a child forked from the zygote."""
+        in a child forked from the zygote (in `ranks` children, as torchrun's workers)."""
         with tempfile.TemporaryDirectory(prefix="cli-run-") as folder:
             out, err = Path(folder) / "stdout", Path(folder) / "stderr"
             request = {"argv": command[1:], "cwd": str(Path(cwd).absolute()), "env": env,
-                       "stdout_path": str(out), "stderr_path": str(err)}
+                       "stdout_path": str(out), "stderr_path": str(err), "ranks": ranks}
             assert self._process.stdin is not None
             self._process.stdin.write((json.dumps(request) + "\n").encode())
             self._process.stdin.flush()
             deadline = time.monotonic() + timeout
             try:
-                pid = self._reply(deadline, "fork")["pid"]
+                pids = self._reply(deadline, "fork")["pids"]
             except BaseException:  # a zygote that cannot fork in time is of no further use
                 self.close()
                 raise
             try:
                 code = self._reply(deadline, "run")["returncode"]
             except subprocess.TimeoutExpired:
-                self._kill_group(pid)
+                self._kill_groups(pids)
                 self._reply(time.monotonic() + 60, "kill")
                 raise subprocess.TimeoutExpired(command, timeout, output=_read(out),
                                                 stderr=_read(err)) from None
             except BaseException:  # interrupted: the protocol is out of step, start anew
-                self._kill_group(pid)
+                self._kill_groups(pids)
                 self.close()
                 raise
             return subprocess.CompletedProcess(command, code, _read(out), _read(err))
@@ -119,11 +121,12 @@ class CliZygote:
         return json.loads(line)
 
     @staticmethod
-    def _kill_group(pid: int) -> None:
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    def _kill_groups(pids: list[int]) -> None:
+        for pid in pids:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def _read(path: Path) -> str:
@@ -210,7 +213,7 @@ def child(request: dict[str, Any], protocol: tuple[int, int]) -> None:
         os.environ.clear()
         os.environ.update(request["env"])
         for fd, key in ((1, "stdout_path"), (2, "stderr_path")):
-            target = os.open(request[key], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            target = os.open(request[key], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
             os.dup2(target, fd)
             os.close(target)
         reseed()
@@ -231,14 +234,27 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
     protocol = (requests.fileno(), replies.fileno())
     for line in requests:
         request = json.loads(line)
+        ranks = int(request.get("ranks", 1))
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = os.fork()
-        if pid == 0:
-            child(request, protocol)
-        send(replies, {"pid": pid})
-        _, status = os.waitpid(pid, 0)
-        send(replies, {"pid": pid, "returncode": os.waitstatus_to_exitcode(status)})
+        pids = []
+        for rank in range(ranks):
+            pid = os.fork()
+            if pid == 0:
+                child(worker_request(request, rank, ranks), protocol)
+            pids.append(pid)
+        send(replies, {"pids": pids})
+        codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+        send(replies, {"returncode": next((code for code in codes if code), 0)})
+
+
+def worker_request(request: dict[str, Any], rank: int, ranks: int) -> dict[str, Any]:
+    """The request of one worker of a `ranks`-process job: torchrun's environment for it."""
+    if ranks == 1:
+        return request
+    env = {**request["env"], "RANK": str(rank), "LOCAL_RANK": str(rank),
+           "WORLD_SIZE": str(ranks), "LOCAL_WORLD_SIZE": str(ranks), "GROUP_RANK": "0"}
+    return {**request, "env": env}
 
 
 def main() -> None:

@@ -7,6 +7,7 @@ import contextlib
 import functools
 import io
 import os
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -100,12 +101,32 @@ def run_main(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def run_torchrun(nproc: int, *args: str, env: dict[str, str] | None = None,
-                 timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the CLI under torchrun with `nproc` CPU processes."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={nproc}", str(ROOT / "compress_classifier.py"), *args]
-    return subprocess.run(command, cwd=ROOT, env=cli_env({"OMP_NUM_THREADS": "1", **(env or {})}),
-                          capture_output=True, text=True, timeout=timeout)
+                 timeout: float = 300, launcher: str = "zygote"
+                 ) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a one-node job of `nproc` CPU processes.
+
+    `launcher="torchrun"` starts `python -m torch.distributed.run --standalone` (three new
+    interpreters, seconds of imports each); the default forks the workers from this worker's
+    zygote with the environment torchrun gives them (RANK, LOCAL_RANK, WORLD_SIZE,
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT): what compressor reads is the same.
+    """
+    run_env = cli_env({"OMP_NUM_THREADS": "1", **(env or {})})
+    script = str(ROOT / "compress_classifier.py")
+    zygote = cli_zygote(run_env) if launcher == "zygote" else None
+    if zygote is None:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   f"--nproc_per_node={nproc}", script, *args]
+        return subprocess.run(command, cwd=ROOT, env=run_env, capture_output=True, text=True,
+                              timeout=timeout)
+    run_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    return zygote.run([sys.executable, script, *args], ROOT, run_env, timeout, ranks=nproc)
+
+
+def free_port() -> int:
+    """A TCP port on the loopback that nothing listens on now (the rendezvous of a job)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
 
 
 def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str) -> str:

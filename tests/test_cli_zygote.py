@@ -94,3 +94,27 @@ def test_cli_run_in_the_zygote_equals_a_fresh_interpreter(tmp_path: Path) -> Non
     assert forked.returncode == 2 and forked.stderr
     assert (forked.args, forked.returncode, forked.stdout, forked.stderr) == (
         fresh.args, fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+RANK_PROBE = """\
+import json, os, sys
+keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+print(json.dumps({key: os.environ.get(key) for key in keys}))
+sys.exit(int(os.environ["RANK"]) * int(sys.argv[1]))
+"""
+
+
+def test_ranks_are_forked_together_with_torchruns_environment(zygote: CliZygote,
+                                                             tmp_path: Path) -> None:
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_PROBE)
+    env = cli_env({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"})
+    result = zygote.run([sys.executable, str(script), "0"], tmp_path, env, 60, ranks=3)
+    seen = sorted((json.loads(line) for line in result.stdout.splitlines()),
+                  key=lambda state: state["RANK"])
+    assert result.returncode == 0
+    assert seen == [{"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "3",
+                     "LOCAL_WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+                    for rank in range(3)]
+    failed = zygote.run([sys.executable, str(script), "5"], tmp_path, env, 60, ranks=3)
+    assert failed.returncode == 5  # the first rank that failed, as torchrun reports a failure

@@ -9,7 +9,9 @@ import copy
 import io
 import math
 import re
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -28,6 +30,7 @@ from compressor.utils.errors import ScheduleError, UsageError
 from tests.conftest import CORPUS, ROOT, requires_corpus, run_cli
 
 FILES = sorted(CORPUS.rglob("*.yaml")) if CORPUS.is_dir() else []
+SMALL_SIDE = 64
 ARCH_FLAG = re.compile(r"(?:--arch|-a)[ =]+([A-Za-z0-9_]+)")
 
 
@@ -55,9 +58,30 @@ def is_schedule(doc: object) -> bool:
 
 
 @pytest.fixture(scope="module")
-def pristine() -> dict[str, torch.nn.Module]:
+def pristine() -> dict[Any, torch.nn.Module]:
     """One freshly built model per arch, copied for each schedule (building is slow)."""
     return {}
+
+
+def small_model(arch: str) -> torch.nn.Module:
+    """The arch at 64 px where it pools adaptively (a schedule names weights, not sizes: an
+    ImageNet model at 224 px costs ten times the compute for the same check), else at its own
+    input spec."""
+    spec = get_arch_spec(arch)
+    own = spec.input_spec(spec.own_dataset("synthetic"))
+    if own.input_size[-1] > SMALL_SIDE:
+        small = replace(own, input_size=(own.channels, SMALL_SIDE, SMALL_SIDE),
+                        resize_size=SMALL_SIDE, crop_size=SMALL_SIDE)
+        torch.manual_seed(0)
+        model = create_model(arch, "synthetic", input_spec=small)
+        try:
+            with torch.no_grad():
+                model.eval()(torch.zeros(1, *small.input_size))
+            return model.train()
+        except RuntimeError:  # a fixed-size pooling or classifier: the arch's own size
+            pass
+    torch.manual_seed(0)
+    return create_model(arch, "synthetic")
 
 
 def run_post_training_config(source: Path, arch: str, pristine: dict[str, torch.nn.Module]
@@ -108,10 +132,9 @@ def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> No
         with pytest.raises(UsageError, match="unknown architecture"):
             get_arch_spec(arch or source.stem.split(".")[0])
         return
-    if arch not in pristine:
-        torch.manual_seed(0)
-        pristine[arch] = create_model(arch, "synthetic")
-    model = copy.deepcopy(pristine[arch])
+    if (arch, "small") not in pristine:
+        pristine[arch, "small"] = small_model(arch)
+    model = copy.deepcopy(pristine[arch, "small"])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     sched = load_schedule(source, model, optimizer)
     acting = [min(p.window.epochs) for p in sched.policies if p.kind != "lr_scheduler"]

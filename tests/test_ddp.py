@@ -14,7 +14,7 @@ from tests.conftest import run_cli, run_torchrun
 def test_two_process_training_matches_single_process_evaluation(tmp_path: Path) -> None:
     result = run_torchrun(2, "-a", "simplenet_digits", "--epochs", "2", "-b", "32", "-j", "0",
                           "--cpu", "--deterministic", "-p", "0", "--etrs", "0.5",
-                          "-o", str(tmp_path), "-n", "ddp")
+                          "-o", str(tmp_path), "-n", "ddp", launcher="torchrun")
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ddp"]  # rank 1 wrote nothing
     run_dir = tmp_path / "ddp"

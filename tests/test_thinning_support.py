@@ -27,7 +27,7 @@ FAMILIES = {
     "densenet_bc_100_cifar": None, "mobilenet_025": 64, "preact_resnet18": 64,
     "alexnet_bn": None, "resnet18": 64, "mobilenet_v2": 64, "mobilenet_v3_small": 64,
     "efficientnet_b0": 64, "mnasnet0_5": 64, "squeezenet1_1": 64, "googlenet": 64,
-    "densenet121": 64, "regnet_x_400mf": 64, "resnext50_32x4d": 64,
+    "regnet_x_400mf": 64, "resnext50_32x4d": 64,
     "shufflenet_v2_x0_5": 64, "convnext_tiny": 64,
 }
 THIN_LAYERS = 3  # plain convolutions zeroed at 30% of their filters (L1-ranked)

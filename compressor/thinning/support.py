@@ -65,19 +65,20 @@ def dependency_graph(model: nn.Module, inputs: Tensor) -> Any:
     naming the channel shuffle where there is one."""
     import torch_pruning as tp
 
-    shuffles = channel_shuffles(model, inputs)
-    if shuffles:
-        raise UsageError(f"thinning cannot follow the channel shuffle in '{shuffles[0]}' (its "
-                         "channels are interleaved across branches); keep this model unthinned "
-                         "(pruning masks keep the zeros) or thin another architecture")
     try:
         return tp.DependencyGraph().build_dependency(model, example_inputs=inputs,
                                                      verbose=False)
     except Exception as exc:  # noqa: BLE001 - Torch-Pruning fails in many ways on odd graphs
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-        raise UsageError(f"thinning cannot follow the channels of {type(model).__name__} "
-                         f"(Torch-Pruning: {type(exc).__name__}: {reason}); keep this model "
-                         "unthinned (pruning masks keep the zeros)") from None
+        failure = exc
+    shuffles = channel_shuffles(model, inputs)  # traced only now: most models need no trace
+    if shuffles:
+        raise UsageError(f"thinning cannot follow the channel shuffle in '{shuffles[0]}' (its "
+                         "channels are interleaved across branches); keep this model unthinned "
+                         "(pruning masks keep the zeros) or thin another architecture")
+    reason = (str(failure).strip().splitlines() or [type(failure).__name__])[0][:160]
+    raise UsageError(f"thinning cannot follow the channels of {type(model).__name__} "
+                     f"(Torch-Pruning: {type(failure).__name__}: {reason}); keep this model "
+                     "unthinned (pruning masks keep the zeros)")
 
 
 def _coupled_modules(graph: Any, module: nn.Module, outputs: bool) -> list[nn.Module]:
