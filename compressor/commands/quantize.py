@@ -34,6 +34,7 @@ from compressor.training.checkpoint import save_checkpoint
 from compressor.utils.config import LoaderConfig, QuantizeConfig
 
 __all__ = ["QuantizedModel", "QUANTIZED_CHECKPOINT", "DEFAULT_CALIBRATION", "cli_settings",
+           "quantization_graph",
            "config_file_settings", "calibrate", "prepare_quantized_model", "quantization_facts",
            "quantized_checkpoint_path", "run_quantization", "check_quantization"]
 
@@ -213,6 +214,24 @@ def _refuse_saturating(model: nn.Module, config: QuantizeConfig, source: str) ->
                                 "(activations then use 7 bits), or evaluate it simulated")
 
 
+def quantization_graph(model: nn.Module, config: QuantizeConfig, source: str) -> nn.Module:
+    """The float model as the graph quantization follows (compressor.quantization.graph:
+    functional adds, multiplies and concatenations as named modules); where torch.fx cannot
+    trace it, the model itself (its modules are quantized, functional ops stay float) and int8
+    kernels, which need the graph, are refused."""
+    from compressor.quantization.graph import explicit_graph
+
+    try:
+        return explicit_graph(model)
+    except QuantizationError as exc:
+        if config.convert:
+            raise QuantizationError(f"{source}: {exc}; --qe-convert-pytorch needs it: drop it "
+                                    "to evaluate the model simulated") from None
+        LOG.warning("%s: %s; its modules are quantized, its functional ops stay float", source,
+                    exc)
+        return model
+
+
 def _kind_to_quantize(model: nn.Module, config: QuantizeConfig, source: str) -> str | None:
     """The model's quantization kind; a post-training quantized one is never quantized again."""
     kind = quantization_kind(description_of(model))
@@ -242,7 +261,7 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
     if config.calibrate_only or kind is not None:
         return
     settings, stats_path = _requested_settings(config)
-    layers = resolve_layers(model, settings)
+    layers = resolve_layers(quantization_graph(copy.deepcopy(model), config, source), settings)
     if config.convert:
         widths = {bits for layer in layers.values()
                   for bits in (layer.bits_activations, layer.bits_weights) if bits is not None}
@@ -282,6 +301,7 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
 
         float_model, tracked = qat_to_float(model)
         describe(float_model, _without_quantization(description_of(model)))
+        float_model = quantization_graph(float_model, config, source)
         settings = _for_kernels(QuantSettings.from_recipe(recipe["settings"]), config)
         given = config.stats_file or config.calibration is not None or config.dynamic
         stats = _stats_for(config, None, float_model, dataset, batch_size, seed, facts)
@@ -294,7 +314,7 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
     else:
         settings, stats_path = _requested_settings(config)
         settings = _for_kernels(settings, config)
-        float_model = copy.deepcopy(model)  # keeps its description
+        float_model = quantization_graph(copy.deepcopy(model), config, source)
         stats = _stats_for(config, stats_path, float_model, dataset, batch_size, seed, facts)
         simulated = _post_train(float_model, settings, stats, config.dynamic)
     evaluated = simulated
@@ -315,7 +335,8 @@ def _calibrate_only(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
     from compressor.quantization.stats import STATS_FILE_NAME, save_stats
 
     assert config.calibration is not None
-    stats, seconds = calibrate(model, dataset, config.calibration, batch_size, seed)
+    graph = quantization_graph(copy.deepcopy(model), config, str(description_of(model).arch))
+    stats, seconds = calibrate(graph, dataset, config.calibration, batch_size, seed)
     facts: dict[str, Any] = {"calibration_fraction": config.calibration,
                              "calibration_time": seconds, "stats_layers": len(stats)}
     if run_dir is not None:

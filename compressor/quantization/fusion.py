@@ -24,8 +24,8 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
 from compressor.quantization.errors import QuantizationError, shown
 from compressor.quantization.settings import ELTWISE_LAYERS, PARAM_LAYERS
 
-__all__ = ["Fusion", "trace_model", "find_fusions", "apply_fusions", "fusions_to_recipe",
-           "fusions_from_recipe", "input_sources", "FUSABLE_ACTIVATIONS"]
+__all__ = ["Fusion", "QuantTracer", "trace_model", "find_fusions", "apply_fusions",
+           "fusions_to_recipe", "fusions_from_recipe", "input_sources", "FUSABLE_ACTIVATIONS"]
 
 LOG = logging.getLogger(__name__)
 FUSABLE_ACTIVATIONS = (nn.ReLU, nn.ReLU6)
@@ -47,7 +47,7 @@ class Fusion:
     activation: str | None
 
 
-class _QuantTracer(torch.fx.Tracer):
+class QuantTracer(torch.fx.Tracer):
     """Keeps batch norms and element-wise modules as single call_module nodes."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
@@ -59,7 +59,7 @@ class _QuantTracer(torch.fx.Tracer):
 def trace_model(model: nn.Module) -> torch.fx.Graph | None:
     """The model's fx graph, or None (logged) when torch.fx cannot trace it."""
     try:
-        return _QuantTracer().trace(model)
+        return QuantTracer().trace(model)
     except Exception as exc:  # data-dependent control flow and the like
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         LOG.warning("torch.fx cannot trace %s (%s): no BN folding or ReLU fusion",

@@ -16,15 +16,18 @@ import contextlib
 import copy
 import warnings
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.ao.nn.intrinsic.quantized as nniq
 import torch.ao.nn.quantized as nnq
+import torch.fx
 from torch import Tensor, nn
 
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.quantization.errors import QuantizationError, unknown_choice
+from compressor.quantization.graph import ensure_float, float_functional_inputs
 from compressor.quantization.range_linear import (
     LinearQuantMode,
     quantize,
@@ -49,7 +52,24 @@ _QUANTIZED_SAFE = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.AvgPool2d, nn.Av
                    nn.Identity, nn.ReLU)
 _CONV = {nn.Conv1d: (nnq.Conv1d, nniq.ConvReLU1d), nn.Conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
          nn.Conv3d: (nnq.Conv3d, nniq.ConvReLU3d)}
-TorchQParams = tuple[float, int]
+
+
+@dataclass(frozen=True)
+class Grid:
+    """An activation's quint8 parameters and the top of its integer grid (255 at 8 bits, 127
+    for reduce_range's 7: the kernels requantize to 0..255, so a narrower grid is clamped to,
+    as the simulation clamps, and 7-bit inputs are what kernels without VNNI can take)."""
+
+    scale: float
+    zero_point: int
+    top: int = 255
+
+    def bounds(self) -> tuple[float, float] | None:
+        """The float range of a grid narrower than quint8's (None: the whole of quint8)."""
+        if self.top >= 255:
+            return None
+        return (0 - self.zero_point) * self.scale, (self.top - self.zero_point) * self.scale
+
 ACTIVATION_BITS = (7, 8)  # activation widths quint8 holds (7: reduce_range)
 
 
@@ -92,36 +112,35 @@ def check_convertible(model: nn.Module, backend: str | None = None) -> None:
                 "(7-bit activations), or keep the model simulated")
 
 
-def _act_qparams(scale: Tensor, zero_point: Tensor, spec: TensorQuant) -> TorchQParams:
-    """torch's quint8 (scale, zero_point) of Distiller's activation parameters (signed modes
-    shifted to start at 0: by 128 at 8 bits, by 64 at reduce_range's 7)."""
+def _act_qparams(scale: Tensor, zero_point: Tensor, spec: TensorQuant) -> Grid:
+    """torch's quint8 grid of Distiller's activation parameters (signed modes shifted to start
+    at 0: by 128 at 8 bits, by 64 at reduce_range's 7)."""
     torch_scale, torch_zero = torch_qparams(scale, zero_point)
     shift = 2 ** (spec.bits - 1) if spec.mode.signed else 0
-    return float(torch_scale), int(torch_zero) + shift
+    return Grid(float(torch_scale), int(torch_zero) + shift, 2 ** spec.bits - 1)
 
 
-def _quantize_to(x: Tensor, qparams: TorchQParams | None) -> Tensor:
-    """x as quint8 with `qparams` (float when None), requantizing only when they differ."""
-    if qparams is None:
+def _quantize_to(x: Tensor, grid: Grid | None) -> Tensor:
+    """x as quint8 on `grid` (float when None), requantizing only when it is on another."""
+    if grid is None:
         return x.dequantize() if x.is_quantized else x
-    scale, zero_point = qparams
     if x.is_quantized:
-        if x.q_scale() == scale and x.q_zero_point() == zero_point:
-            return x
+        if x.q_scale() == grid.scale and x.q_zero_point() == grid.zero_point:
+            return x  # made on this grid by a module that clamps to it
         x = x.dequantize()
-    return torch.quantize_per_tensor(x, scale, zero_point, torch.quint8)
+    quantized = torch.quantize_per_tensor(x, grid.scale, grid.zero_point, torch.quint8)
+    bounds = grid.bounds()
+    return quantized if bounds is None else torch.clamp(quantized, *bounds)
 
 
 class _Int8Module(nn.Module):
     """Quantizes (or dequantizes) each input as needed, then runs an int8 op."""
 
-    def __init__(self, op: nn.Module, inputs: Sequence[TorchQParams | None],
-                 output: TorchQParams | None = None, kind: str = "param") -> None:
+    def __init__(self, op: nn.Module, inputs: Sequence[Grid | None],
+                 output: Grid | None = None, kind: str = "param") -> None:
         super().__init__()
         self.op, self.inputs, self.output, self.kind = op, tuple(inputs), output, kind
-        # (low, high) of a grid narrower than quint8's (7-bit activations), as the simulation
-        # clamps: the kernels requantize to 0..255, and 7-bit inputs are what they can take
-        self.clamp: tuple[float, float] | None = None
+        self.clamp: tuple[float, float] | None = None  # the output grid's, where narrower
 
     def forward(self, *xs: Tensor) -> Tensor:
         """op of the entry-quantized inputs, clamped to a reduced output grid."""
@@ -163,10 +182,10 @@ class _Dequantized(nn.Module):
         super().__init__()
         self.module = module
 
-    def forward(self, *args: Any) -> Any:
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
         """module(float args)."""
-        return self.module(*[a.dequantize() if isinstance(a, Tensor) and a.is_quantized else a
-                             for a in args])
+        return self.module(*[ensure_float(a) for a in args],
+                           **{key: ensure_float(value) for key, value in kwargs.items()})
 
 
 class Int8Model(nn.Module):
@@ -226,32 +245,24 @@ def _convert_param(wrapper: ParamLayerWrapper) -> nn.Module:
     bias = None if layer.bias is None else _grid_bias(wrapper)
     module.set_weight_bias(_qweight(wrapper), bias)
     assert wrapper.output is not None
-    module.scale, module.zero_point = _act_qparams(*wrapper.qparams("output"), wrapper.output)
+    grid = _act_qparams(*wrapper.qparams("output"), wrapper.output)
+    module.scale, module.zero_point = grid.scale, grid.zero_point
     if wrapper.activation is not None and not fused_relu:
         return nn.Sequential(module, copy.deepcopy(wrapper.activation))  # ReLU6 on quint8
     return module
 
 
-def _inputs(wrapper: QuantWrapper) -> list[TorchQParams | None]:
+def _inputs(wrapper: QuantWrapper) -> list[Grid | None]:
     """torch's parameters of each input."""
     return [None if spec is None else _act_qparams(*wrapper.qparams(f"input{i}"), spec)
             for i, spec in enumerate(wrapper.inputs)]
 
 
-def _output_clamp(qparams: TorchQParams, spec: TensorQuant) -> tuple[float, float] | None:
-    """The float bounds of a spec's integer grid where it is narrower than quint8's."""
-    if spec.bits >= 8:
-        return None
-    scale, zero_point = qparams
-    return (0 - zero_point) * scale, (2 ** spec.bits - 1 - zero_point) * scale
-
-
 def _convert(wrapper: QuantWrapper) -> nn.Module:
-    """The int8 replacement of one wrapper."""
+    """The int8 replacement of one wrapper, clamped to its output grid where narrower."""
     module = _replacement(wrapper)
     assert wrapper.output is not None
-    module.clamp = _output_clamp(_act_qparams(*wrapper.qparams("output"), wrapper.output),
-                                 wrapper.output)
+    module.clamp = _act_qparams(*wrapper.qparams("output"), wrapper.output).bounds()
     return module
 
 
@@ -263,7 +274,7 @@ def _replacement(wrapper: QuantWrapper) -> _Int8Module:
         return _Int8Module(_convert_param(wrapper), _inputs(wrapper))
     if isinstance(wrapper, EltwiseWrapper):
         functional = nnq.QFunctional()
-        functional.scale, functional.zero_point = output
+        functional.scale, functional.zero_point = output.scale, output.zero_point
         op = wrapper.wrapped
         kind = ("add" if isinstance(op, EltwiseAdd) else "mul" if isinstance(op, EltwiseMult)
                 else "cat")
@@ -291,15 +302,23 @@ def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
     check_convertible(model, backend)
     torch.backends.quantized.engine = backend
     converted = copy.deepcopy(model).cpu().eval()
+    called = None  # a traced model: the modules its graph calls (the others run inside them)
+    if isinstance(converted, torch.fx.GraphModule):
+        called = {str(n.target) for n in converted.graph.nodes if n.op == "call_module"}
     with _quiet_deprecation():
         for name, module in list(converted.named_modules()):
             if not name or _inside_replaced(converted, name):
                 continue
             if isinstance(module, QuantWrapper):
                 _set_module(converted, name, _convert(module))
-            elif not any(True for _ in module.children()) and not isinstance(
-                    module, _QUANTIZED_SAFE):
+            elif isinstance(module, _QUANTIZED_SAFE):
+                continue
+            elif called is not None and name in called:
+                _set_module(converted, name, _Dequantized(module))  # a float leaf of the graph
+            elif called is None and not any(True for _ in module.children()):
                 _set_module(converted, name, _Dequantized(module))
+    if isinstance(converted, torch.fx.GraphModule):
+        float_functional_inputs(converted)  # functional ops compute in float, as simulated
     return Int8Model(converted, backend).eval()
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.fx
 from torch import Tensor, nn
 
 from compressor.quantization.clipping import stats_range
@@ -29,6 +30,7 @@ from compressor.quantization.fusion import (
     input_sources,
     trace_model,
 )
+from compressor.quantization.graph import GRAPH_VERSION, explicit_graph
 from compressor.quantization.range_linear import quant_params
 from compressor.quantization.settings import (
     ACTIVATION_LAYERS,
@@ -234,6 +236,7 @@ class PostTrainLinearQuantizer:
         self.dynamic = dynamic
         self.fusions: list[Fusion] = []
         self.sources: dict[str, list[str | None]] | None = None
+        self.graph: int | None = None  # GRAPH_VERSION when the model was explicit_graph's
 
     def quantize(self, model: nn.Module) -> nn.Module:
         """Fold, fuse and wrap `model` in place; returns it in eval mode."""
@@ -241,6 +244,7 @@ class PostTrainLinearQuantizer:
             raise QuantizationError("the model is already quantized; build a float model to "
                                     "quantize it again")
         model.eval()
+        self.graph = GRAPH_VERSION if isinstance(model, torch.fx.GraphModule) else None
         resolve_layers(model, self.settings)  # settings errors before any change
         graph = trace_model(model)
         self.fusions = find_fusions(model, graph) if graph is not None else []
@@ -264,6 +268,7 @@ class PostTrainLinearQuantizer:
             "fusions": fusions_to_recipe(self.fusions),
             "sources": None if self.sources is None else {k: list(v)
                                                           for k, v in self.sources.items()},
+            "graph": self.graph,
         }
 
 
@@ -295,6 +300,12 @@ def quantize_from_recipe(model: nn.Module, recipe: Mapping[str, Any]) -> nn.Modu
     if sources is not None and not isinstance(sources, Mapping):
         raise QuantizationError(f"the recipe's sources are malformed ({shown(sources)}); "
                                 "quantize the model again")
+    graph = recipe.get("graph")
+    if graph not in (None, GRAPH_VERSION):
+        raise QuantizationError(f"the recipe was made on graph version {shown(graph)}, which "
+                                "this compressor does not know; upgrade compressor")
+    if graph is not None:
+        model = explicit_graph(model)
     return _apply(model, settings, stats, bool(recipe.get("dynamic", False)),
                   fusions_from_recipe(recipe.get("fusions", [])), sources)
 

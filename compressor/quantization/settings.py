@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Any
 
+import torch.fx
 from torch import nn
 
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
@@ -313,10 +314,15 @@ def with_layer_overrides(settings: QuantSettings, no_quant: Sequence[str] = (),
 
 
 def quantizable_modules(model: nn.Module) -> dict[str, nn.Module]:
-    """Param layers, element-wise ops and activations by module name, in model order."""
+    """Param layers, element-wise ops and activations by module name, in model order; of a
+    traced model (torch.fx GraphModule) only those its graph calls: a Linear inside a leaf such
+    as nn.MultiheadAttention, which reads the weight itself, is no layer of the graph."""
     kinds = (*PARAM_LAYERS, *ELTWISE_LAYERS, *ACTIVATION_LAYERS)
+    called = None
+    if isinstance(model, torch.fx.GraphModule):
+        called = {str(node.target) for node in model.graph.nodes if node.op == "call_module"}
     return {name: module for name, module in model.named_modules()
-            if name and isinstance(module, kinds)}
+            if name and isinstance(module, kinds) and (called is None or name in called)}
 
 
 def resolve_layers(model: nn.Module, settings: QuantSettings) -> dict[str, LayerSettings]:

@@ -1,0 +1,136 @@
+"""Quantization through the graph: functional adds, multiplies and concatenations get named
+modules; the int8 model follows the simulation on one architecture of every family."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from compressor.commands.quantize import quantization_graph
+from compressor.models import create_model, get_arch_spec
+from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
+from compressor.quantization.errors import QuantizationError
+from compressor.quantization.graph import explicit_graph
+from compressor.quantization.int8 import convert_to_int8, kernels_saturate
+from compressor.quantization.post_train import PostTrainLinearQuantizer
+from compressor.quantization.settings import settings_from_args
+from compressor.quantization.stats import collect_stats
+from compressor.utils.config import QuantizeConfig
+from tests.conftest import run_cli, trained_like_batchnorms
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+# One architecture of each family, at the side it is quantized at (torchvision's pool
+# adaptively: small inputs); every registered architecture traces (checked when it was added).
+FAMILIES = {
+    "resnet20_cifar": None, "preact_resnet20_cifar": None, "vgg11_bn_cifar": None,
+    "simplenet_mnist": None, "mobilenet_025": 64, "preact_resnet18": 64, "resnet18": 64,
+    "mobilenet_v2": 64, "mobilenet_v3_small": 64, "efficientnet_b0": 64, "mnasnet0_5": 64,
+    "regnet_x_400mf": 64, "googlenet": 64, "inception_v3": 96, "shufflenet_v2_x0_5": 64,
+    "squeezenet1_1": 64, "convnext_tiny": 64, "swin_t": 64,
+}
+
+
+def _model(arch: str, side: int | None) -> tuple[nn.Module, torch.Tensor]:
+    """A trained-like model at `side` px and eight inputs for it."""
+    spec = get_arch_spec(arch)
+    input_spec = spec.input_spec(spec.default_dataset)
+    if side is not None:
+        input_spec = replace(input_spec, input_size=(input_spec.channels, side, side),
+                             resize_size=side, crop_size=side)
+    torch.manual_seed(0)
+    model = trained_like_batchnorms(create_model(arch, spec.default_dataset,
+                                                 input_spec=input_spec))
+    return model, torch.randn(8, *input_spec.input_size)
+
+
+def _kinds(model: nn.Module) -> dict[str, type]:
+    return {name: type(m) for name, m in model.named_modules()
+            if isinstance(m, (EltwiseAdd, EltwiseMult, Concat))}
+
+
+def test_functional_ops_become_named_modules_and_compute_the_same() -> None:
+    model, x = _model("mobilenet_v3_small", 64)
+    graph = explicit_graph(model, x[:1])
+    kinds = _kinds(graph)
+    assert kinds["features.3.add"] is EltwiseAdd  # x + self.block(x) in InvertedResidual
+    assert kinds["features.1.block.1.mul"] is EltwiseMult  # squeeze-excitation: scale * x
+    with torch.no_grad():
+        assert torch.equal(graph(x), model(x))
+    googlenet, y = _model("googlenet", 64)
+    graph = explicit_graph(googlenet, y[:1])
+    assert _kinds(graph)["inception3a.cat"] is Concat
+    names = [name for name, _ in graph.named_modules()]
+    assert not [n for n in names if n.startswith(("aux1", "aux2"))]  # evaluation never runs them
+    convnext, z = _model("convnext_tiny", 64)  # its layer scale (a parameter) stays functional
+    assert "features.1.0.mul" not in _kinds(explicit_graph(convnext, z[:1]))
+
+
+@pytest.mark.parametrize("arch", sorted(FAMILIES))
+def test_int8_follows_the_simulation(arch: str) -> None:
+    model, x = _model(arch, FAMILIES[arch])
+    graph = explicit_graph(model, x[:1])
+    stats = collect_stats(graph, [x[:4], x[4:]])
+    settings = settings_from_args({"reduce_range": kernels_saturate("x86")}, "q")
+    simulated = PostTrainLinearQuantizer(settings, stats).quantize(graph)
+    int8 = convert_to_int8(simulated, "x86")
+    inputs = torch.randn(4, *x.shape[1:], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        sim, got, ref = simulated(inputs), int8(inputs), model(inputs)
+    assert not got.is_quantized
+    # int8 differs from the simulation by rounding alone: less than the simulation does from
+    # float (a saturating kernel or a rescaled concatenation gave 10 to 40 times more)
+    scale = float((sim.max() - sim.min()).clamp_min(1e-6))
+    assert (got - sim).abs().mean() <= 2 * (sim - ref).abs().mean() + 1e-6 * scale
+
+
+class _Untraceable(nn.Module):
+    """Data-dependent control flow: torch.fx cannot trace it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        return y if y.sum() > 0 else -y
+
+
+def test_a_model_fx_cannot_trace_is_quantized_by_modules_or_refused_for_int8() -> None:
+    with pytest.raises(QuantizationError, match="needs a sample batch"):
+        explicit_graph(nn.Sequential(nn.Conv2d(3, 4, 3)))  # no description: no input size
+    model = _Untraceable()
+    with pytest.raises(QuantizationError, match="torch.fx cannot trace _Untraceable"):
+        explicit_graph(model, torch.zeros(1, 3, 8, 8))
+    from compressor.models.description import ModelDescription, describe
+    from compressor.utils.input_spec import InputSpec
+
+    describe(model, ModelDescription("x", "synthetic", 4, InputSpec((3, 8, 8), 8, 8,
+                                                                      (0.5,) * 3, (0.5,) * 3)))
+    assert quantization_graph(model, QuantizeConfig(quantize=True), "m") is model
+    with pytest.raises(QuantizationError) as info:
+        quantization_graph(model, QuantizeConfig(quantize=True, convert=True), "m")
+    message = str(info.value)
+    assert "\n" not in message and "torch.fx cannot trace" in message
+    assert "drop it to evaluate the model simulated" in message
+
+
+def test_cli_converts_a_network_of_functional_ops_and_rebuilds_it(tmp_path: Path) -> None:
+    common = ("--etes", "0.02", "-b", "8", "-j", "0", "-o", str(tmp_path))
+    first = run_cli("-a", "mobilenet_v3_small", "--dataset", "synthetic", "-e", "--qe",
+                    "--qept", *common, "-n", "int8")
+    assert first.returncode == 0, first.stderr[-3000:]
+    again = run_cli("--resume-from", str(tmp_path / "int8" / "quantized_checkpoint.pth.tar"),
+                    "-e", *common, "-n", "again")
+    assert again.returncode == 0, again.stderr[-3000:]
+    results = [json.loads((tmp_path / n / "results.json").read_text()) for n in ("int8", "again")]
+    assert results[0]["kernels"] == "int8"
+    assert results[0]["loss"] == results[1]["loss"] and results[0]["top1"] == results[1]["top1"]
+    recipe = torch.load(tmp_path / "int8" / "quantized_checkpoint.pth.tar",
+                        weights_only=True)["model_attrs"]["transforms"][-1]["recipe"]
+    assert recipe["graph"] == 1 and recipe["kernels"] == "int8"
