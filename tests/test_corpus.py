@@ -98,7 +98,7 @@ def run_post_training_config(source: Path, arch: str, pristine: dict[str, torch.
     torch.manual_seed(1)
     images = torch.randn(2, *spec.input_size)
     quantized = prepare_quantized_model(model, QuantizeConfig(quantize=True, config_file=source),
-                                        [], 2, 0, str(source))
+                                        lambda: [], 2, 0, str(source))
     assert quantized.facts["stats_source"].endswith("resnet18_quant_stats.yaml")
     with torch.no_grad():
         outputs = quantized.evaluated.eval()(images)

@@ -73,7 +73,8 @@ def quantize_config(args: argparse.Namespace) -> QuantizeConfig:
         clip_n_stds=args.qe_clip_n_stds, per_channel=args.qe_per_channel,
         no_clip_layers=tuple(args.qe_no_clip_layers),
         no_quant_layers=tuple(args.qe_no_quant_layers),
-        calibration=args.qe_calibration, stats_file=_path(args.qe_stats_file),
+        calibration=args.qe_calibration, calibration_split=args.qe_calibration_split,
+        stats_file=_path(args.qe_stats_file),
         dynamic=args.qe_dynamic, config_file=_path(args.qe_config_file))
 
 

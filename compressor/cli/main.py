@@ -28,7 +28,13 @@ from compressor.cli.configs import (
     train_config,
 )
 from compressor.cli.parser import parse_args, quantization_requested
-from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
+from compressor.commands.common import (
+    calibration_source,
+    evaluation_fn,
+    load_run_data,
+    model_facts,
+    run_record,
+)
 from compressor.commands.evaluate import confusion_results, evaluate_model
 from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import EvaluationData
@@ -151,6 +157,7 @@ def run(args: argparse.Namespace) -> int:
                           output_dir=args.output_dir, name=args.name,
                           arguments=args_record(args), started=started)
     data = load_run_data(setup, data_config(args, training), training)
+    calibration = None if training else _calibration(args, setup, model, data)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
     run_dir = choose_run_dir(args.output_dir, args.name, setup.arch, resume_dir)
     if ctx.is_main:
@@ -168,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             assert isinstance(data, EvaluationData)
             results, model = _post_training(args, setup, ctx, model, data, writer_dir, config,
-                                            record)
+                                            record, calibration)
         if config.reports.confusion:
             results.update(confusion_results(ctx, model, data, writer_dir, config.loader))
         results = {**model_facts(model, run_dir), **results,
@@ -179,9 +186,26 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibration(args: argparse.Namespace, setup: RunSetup, model: nn.Module,
+                 data: EvaluationData) -> Any:
+    """What quantization calibrates on (None without --qe*): the training split is read now,
+    before any file is written, where statistics will be collected."""
+    if not quantization_requested(args):
+        return None
+    from compressor.commands.quantize import needs_calibration
+
+    quantize = quantize_config(args)
+    source = calibration_source(setup, data_config(args, training=False), data.test,
+                                quantize.calibration_split)
+    if not needs_calibration(model, quantize):
+        return source  # never called
+    dataset = source()
+    return lambda: dataset
+
+
 def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
                    model: nn.Module, data: EvaluationData, run_dir: Path | None,
-                   config: TrainConfig, record: dict[str, Any]
+                   config: TrainConfig, record: dict[str, Any], calibration: Any
                    ) -> tuple[dict[str, Any], nn.Module]:
     """Evaluate (quantized or not), analyse sensitivity or thin a model on the test split;
     returns the results and the model they describe."""
@@ -189,8 +213,9 @@ def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
     if quantization_requested(args):
         from compressor.commands.quantize import run_quantization
 
-        return run_quantization(model, quantize_config(args), data.test, config.loader,
-                                setup, run_dir, record, evaluate_fn)
+        assert calibration is not None
+        return run_quantization(model, quantize_config(args), calibration, config.loader, setup,
+                                run_dir, record, evaluate_fn)
     if args.thinnify:
         from compressor.commands.thinnify import thinnify
 

@@ -24,6 +24,7 @@ SENSE_CHOICES = ("element", "filter", "channel")
 QE_MODES = ("sym", "sym_restr", "asym_u", "asym_s")
 QE_CLIP_MODES = ("none", "avg", "n_std", "gauss", "laplace")
 QE_BACKENDS = ("x86", "fbgemm", "qnnpack")
+CALIBRATION_SPLITS = ("train", "test")
 MAX_QUANT_BITS = 16
 
 
@@ -282,8 +283,8 @@ def _add_quantization_args(parser: argparse.ArgumentParser) -> None:
     source = group.add_mutually_exclusive_group()
     source.add_argument("--qe-calibration", dest="qe_calibration", type=_effective_size,
                         default=None, metavar="FRACTION",
-                        help="collect activation statistics on this fraction of the test set "
-                             "(alone: write acts_quantization_stats.yaml and exit)")
+                        help="collect activation statistics on this fraction of the calibration "
+                             "split (alone: write acts_quantization_stats.yaml and exit)")
     source.add_argument("--qe-stats-file", dest="qe_stats_file", default=None, metavar="PATH",
                         help="activation statistics (Distiller's YAML format)")
     source.add_argument("--qe-dynamic", dest="qe_dynamic", action="store_true",
@@ -291,6 +292,11 @@ def _add_quantization_args(parser: argparse.ArgumentParser) -> None:
     source.add_argument("--qe-config-file", dest="qe_config_file", default=None,
                         metavar="YAML", help="a Distiller YAML with a PostTrainLinearQuantizer "
                                              "(its settings replace the --qe-* flags)")
+    group.add_argument("--qe-calibration-split", dest="qe_calibration_split",
+                       choices=CALIBRATION_SPLITS, default="train",
+                       help="where calibration reads: a seeded fraction of the training split, "
+                            "with evaluation transforms (default), or of the test split, which "
+                            "Distiller used and which is then reported on")
     group.add_argument("--qe-convert-pytorch", "--qept", dest="qe_convert_pytorch",
                        action="store_true",
                        help="convert the quantized model to real int8 kernels (8 bits only)")
@@ -402,7 +408,8 @@ def _check_quantization(args: argparse.Namespace) -> None:
         ("--qe-config-file", args.qe_config_file), ("--qe-per-channel", args.qe_per_channel),
         ("--qe-no-clip-layers", args.qe_no_clip_layers),
         ("--qe-no-quant-layers", args.qe_no_quant_layers),
-        ("--qe-clip-n-stds", args.qe_clip_n_stds is not None)) if on]
+        ("--qe-clip-n-stds", args.qe_clip_n_stds is not None),
+        ("--qe-calibration-split", args.qe_calibration_split != "train")) if on]
     if not quantization_requested(args):
         if used:
             raise UsageError(f"{used[0]} configures post-training quantization; add -e --qe "
@@ -429,5 +436,8 @@ def _check_quantization(args: argparse.Namespace) -> None:
     if args.qe_clip_n_stds is not None and args.qe_clip_acts != "n_std":
         raise UsageError("--qe-clip-n-stds needs --qe-clip-acts n_std; add it or drop "
                          "--qe-clip-n-stds")
+    if args.qe_calibration_split != "train" and (args.qe_stats_file or args.qe_dynamic):
+        raise UsageError("--qe-calibration-split chooses what calibration reads, and the "
+                         "statistics come from elsewhere here; drop it")
     if args.qe_clip_acts == "n_std" and args.qe_clip_n_stds is None:
         raise UsageError("--qe-clip-acts n_std needs --qe-clip-n-stds N (e.g. 3)")

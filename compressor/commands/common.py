@@ -12,33 +12,45 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from compressor.assembly.setup import RunSetup
-from compressor.data import DatasetSplits, EvaluationData, load_datasets, load_test_dataset
+from compressor.data import (
+    DatasetSplits,
+    EvaluationData,
+    load_calibration_dataset,
+    load_datasets,
+    load_test_dataset,
+)
 from compressor.models.description import description_of
 from compressor.reports.metrics import model_metrics
 from compressor.training.dataloaders import eval_loader
 from compressor.training.loop import evaluate
 from compressor.utils.config import DataConfig, LoaderConfig
 from compressor.utils.distributed import DistContext, all_reduce_sum
+from compressor.utils.errors import DataError
 
 __all__ = ["EvaluateFn", "load_run_data", "device_of", "evaluation_fn", "model_facts",
-           "run_record"]
+           "run_record", "calibration_source"]
 
 EvaluateFn = Callable[[nn.Module], dict[str, float]]
+
+
+def _labels(setup: RunSetup) -> dict[str, Any]:
+    """How a run's data is labelled: seed, classes, pretrained indices, recorded class names."""
+    checkpoint = setup.checkpoint or {}
+    recorded = checkpoint.get("args")
+    pretrained = setup.model.pretrained or bool(
+        isinstance(recorded, dict) and recorded.get("pretrained"))
+    names = recorded.get("class_names") if isinstance(recorded, dict) else None
+    return {"seed": setup.seed, "num_classes": setup.description.num_classes,
+            "pretrained": pretrained,
+            "class_names": [str(n) for n in names] if isinstance(names, list) and names
+            else None}
 
 
 def load_run_data(setup: RunSetup, config: DataConfig, training: bool
                   ) -> DatasetSplits | EvaluationData:
     """Training: train/validation/test splits; otherwise the test split alone (no train files)."""
     description = setup.description
-    checkpoint = setup.checkpoint or {}
-    recorded = checkpoint.get("args")
-    pretrained = setup.model.pretrained or bool(
-        isinstance(recorded, dict) and recorded.get("pretrained"))
-    names = recorded.get("class_names") if isinstance(recorded, dict) else None
-    labels = {"seed": setup.seed, "num_classes": description.num_classes,
-              "pretrained": pretrained,
-              "class_names": [str(n) for n in names] if isinstance(names, list) and names
-              else None}
+    labels = _labels(setup)
     if not training:
         return load_test_dataset(description.dataset, config.root, description.input_spec,
                                  effective_test_size=config.effective_test_size, **labels)
@@ -82,3 +94,22 @@ def run_record(arguments: Mapping[str, Any], setup: RunSetup,
     """The resolved arguments: args.yaml, and the checkpoint's `args`."""
     return {**arguments, **setup.description.to_dict(), "seed": setup.seed,
             "class_names": list(class_names)}
+
+
+def calibration_source(setup: RunSetup, config: DataConfig, test: Dataset,
+                       split: str) -> Callable[[], Dataset]:
+    """What calibration reads, loaded when first asked for: the training split with evaluation
+    transforms, or (Distiller's choice, `split="test"`) the test split evaluated on."""
+    if split == "test":
+        return lambda: test
+
+    def training_split() -> Dataset:
+        description = setup.description
+        try:
+            return load_calibration_dataset(description.dataset, config.root,
+                                            description.input_spec, **_labels(setup))
+        except DataError as exc:
+            raise DataError(f"{exc}; calibration reads the training split, or calibrate on the "
+                            "test split with --qe-calibration-split test") from None
+
+    return training_split

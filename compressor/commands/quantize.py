@@ -34,14 +34,15 @@ from compressor.training.checkpoint import save_checkpoint
 from compressor.utils.config import LoaderConfig, QuantizeConfig
 
 __all__ = ["QuantizedModel", "QUANTIZED_CHECKPOINT", "DEFAULT_CALIBRATION", "cli_settings",
-           "quantization_graph",
+           "quantization_graph", "needs_calibration",
            "config_file_settings", "calibrate", "prepare_quantized_model", "quantization_facts",
            "quantized_checkpoint_path", "run_quantization", "check_quantization"]
 
 LOG = logging.getLogger("compressor")
 
 QUANTIZED_CHECKPOINT = "quantized_checkpoint.pth.tar"
-DEFAULT_CALIBRATION = 0.05  # Distiller's: statistics on 5% of the test set when none are given
+DEFAULT_CALIBRATION = 0.05  # Distiller's 5% when no statistics are given (of its test set)
+Calibration = Callable[[], Dataset]  # the calibration split, loaded when first needed
 _MODE_NAMES = {"sym": "SYMMETRIC", "sym_restr": "SYMMETRIC_RESTRICTED",
                "asym_u": "ASYMMETRIC_UNSIGNED", "asym_s": "ASYMMETRIC_SIGNED"}
 
@@ -132,7 +133,7 @@ def _without_quantization(description: ModelDescription) -> ModelDescription:
 
 
 def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Module,
-               dataset: Dataset, batch_size: int, seed: int,
+               calibration: Calibration, batch_size: int, seed: int,
                facts: dict[str, Any]) -> dict[str, Any] | None:
     """Statistics from the file given, else calibration (--qe-calibration, default 5%)."""
     from compressor.quantization.stats import load_stats
@@ -145,11 +146,12 @@ def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Mo
         facts["stats_source"] = str(stats_file)
         return load_stats(stats_file)
     fraction = config.calibration if config.calibration is not None else DEFAULT_CALIBRATION
-    stats, seconds = calibrate(model, dataset, fraction, batch_size, seed)
-    facts.update(stats_source=f"calibration on {fraction:.2%} of the test set",
-                 calibration_time=seconds)
-    LOG.info("collected activation statistics on %.2f%% of the test set in %.1fs",
-             100 * fraction, seconds)
+    stats, seconds = calibrate(model, calibration(), fraction, batch_size, seed)
+    split = config.calibration_split
+    facts.update(stats_source=f"calibration on {fraction:.2%} of the {split} split",
+                 calibration_split=split, calibration_time=seconds)
+    LOG.info("collected activation statistics on %.2f%% of the %s split in %.1fs",
+             100 * fraction, split, seconds)
     return stats
 
 
@@ -249,6 +251,17 @@ def _requested_settings(config: QuantizeConfig) -> tuple[Any, Path | None]:
     return cli_settings(config), None
 
 
+def needs_calibration(model: nn.Module, config: QuantizeConfig) -> bool:
+    """Whether quantizing `model` for `config` collects activation statistics (no statistics
+    file, no dynamic ranges, not a post-training quantized model)."""
+    kind = quantization_kind(description_of(model))
+    if kind == "post_train" or config.dynamic or config.stats_file is not None:
+        return False
+    if kind is None and config.config_file is not None and not config.calibrate_only:
+        return config_file_settings(config.config_file)[1] is None
+    return True
+
+
 def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) -> None:
     """Refuse a bad quantization request before any file is written: settings, layer names,
     the statistics file, widths that int8 kernels cannot take, quantizing twice."""
@@ -275,7 +288,7 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
         load_stats(config.stats_file or stats_path)
 
 
-def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
+def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibration: Calibration,
                             batch_size: int, seed: int, source: str) -> QuantizedModel:
     """The quantized model to evaluate for `config`, from a float, QAT or quantized `model`.
 
@@ -304,7 +317,7 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
         float_model = quantization_graph(float_model, config, source)
         settings = _for_kernels(QuantSettings.from_recipe(recipe["settings"]), config)
         given = config.stats_file or config.calibration is not None or config.dynamic
-        stats = _stats_for(config, None, float_model, dataset, batch_size, seed, facts)
+        stats = _stats_for(config, None, float_model, calibration, batch_size, seed, facts)
         if not given:  # QAT tracked what it quantized; calibration fills in the rest (the
             # outputs of batch norms folded into a convolution, which QAT left in float)
             stats = {**(stats or {}), **tracked}
@@ -315,7 +328,8 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, dataset: D
         settings, stats_path = _requested_settings(config)
         settings = _for_kernels(settings, config)
         float_model = quantization_graph(copy.deepcopy(model), config, source)
-        stats = _stats_for(config, stats_path, float_model, dataset, batch_size, seed, facts)
+        stats = _stats_for(config, stats_path, float_model, calibration, batch_size, seed,
+                           facts)
         simulated = _post_train(float_model, settings, stats, config.dynamic)
     evaluated = simulated
     if config.convert:
@@ -329,15 +343,16 @@ def quantized_checkpoint_path(run_dir: Path) -> Path:
     return run_dir / QUANTIZED_CHECKPOINT
 
 
-def _calibrate_only(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
+def _calibrate_only(model: nn.Module, config: QuantizeConfig, calibration: Calibration,
                     batch_size: int, seed: int, run_dir: Path | None) -> dict[str, Any]:
     """--qe-calibration alone: Distiller's statistics file in the run directory, nothing else."""
     from compressor.quantization.stats import STATS_FILE_NAME, save_stats
 
     assert config.calibration is not None
     graph = quantization_graph(copy.deepcopy(model), config, str(description_of(model).arch))
-    stats, seconds = calibrate(graph, dataset, config.calibration, batch_size, seed)
+    stats, seconds = calibrate(graph, calibration(), config.calibration, batch_size, seed)
     facts: dict[str, Any] = {"calibration_fraction": config.calibration,
+                             "calibration_split": config.calibration_split,
                              "calibration_time": seconds, "stats_layers": len(stats)}
     if run_dir is not None:
         save_stats(stats, run_dir / STATS_FILE_NAME)
@@ -346,7 +361,7 @@ def _calibrate_only(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
     return facts
 
 
-def run_quantization(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
+def run_quantization(model: nn.Module, config: QuantizeConfig, calibration: Calibration,
                      loader: LoaderConfig, setup: RunSetup, run_dir: Path | None,
                      record: Mapping[str, Any], evaluate_fn: Callable[[nn.Module], dict[str, float]]
                      ) -> tuple[dict[str, Any], nn.Module]:
@@ -357,9 +372,9 @@ def run_quantization(model: nn.Module, config: QuantizeConfig, dataset: Dataset,
     """
     source = str(setup.checkpoint_path or description_of(model).arch)
     if config.calibrate_only:
-        return _calibrate_only(model, config, dataset, loader.batch_size, setup.seed,
+        return _calibrate_only(model, config, calibration, loader.batch_size, setup.seed,
                                run_dir), model
-    quantized = prepare_quantized_model(model, config, dataset, loader.batch_size, setup.seed,
+    quantized = prepare_quantized_model(model, config, calibration, loader.batch_size, setup.seed,
                                         source)
     test = evaluate_fn(quantized.evaluated)
     results = {**test, **setup.progress(test), **quantized.facts, "quantized_top1": test["top1"]}

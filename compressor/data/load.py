@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
+from torch.utils.data import Dataset
+
 from compressor.data.cifar import load_cifar_dataset
 from compressor.data.digits import load_digits_dataset
 from compressor.data.idx import load_idx_dataset
@@ -26,7 +28,8 @@ from compressor.utils.dataset_table import DatasetSpec, dataset_names, dataset_s
 from compressor.utils.errors import DataError
 from compressor.utils.input_spec import InputSpec
 
-__all__ = ["DATASET_NAMES", "LOADERS", "needs_data_dir", "load_datasets", "load_test_dataset"]
+__all__ = ["DATASET_NAMES", "LOADERS", "needs_data_dir", "load_datasets", "load_test_dataset",
+           "load_calibration_dataset"]
 
 DATASET_NAMES: tuple[str, ...] = dataset_names()
 # File format (a dataset row's `loader`) -> its loader: loader(request, **row.loader_options).
@@ -137,3 +140,16 @@ def load_test_dataset(dataset: str, root: str | Path | None, input_spec: InputSp
     test_view = TransformedDataset(raw.test, build_transforms(input_spec, dataset, train=False))
     test = take_subset(test_view, range(len(raw.test)), effective_test_size, seed, "test")
     return EvaluationData(test=test, num_classes=raw.num_classes, class_names=raw.class_names)
+
+
+def load_calibration_dataset(dataset: str, root: str | Path | None, input_spec: InputSpec, *,
+                             seed: int = 0, num_classes: int | None = None,
+                             pretrained: bool = False,
+                             class_names: Sequence[str] | None = None) -> Dataset:
+    """The whole training split with the evaluation transforms: what post-training
+    quantization calibrates on (a seeded fraction of it), so that the test split it is then
+    evaluated on stays unseen. Arguments as load_datasets'."""
+    raw = _load_raw(dataset, root, input_spec, train=True, seed=seed, num_classes=num_classes,
+                    pretrained=pretrained, class_names=class_names)
+    assert raw.train is not None  # asked for with train=True
+    return TransformedDataset(raw.train, build_transforms(input_spec, dataset, train=False))

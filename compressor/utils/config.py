@@ -93,6 +93,7 @@ class QuantizeConfig:
     no_clip_layers: tuple[str, ...] = ()
     no_quant_layers: tuple[str, ...] = ()
     calibration: float | None = None
+    calibration_split: str = "train"  # where calibration reads: "train" (eval transforms), "test"
     stats_file: Path | None = None
     dynamic: bool = False
     config_file: Path | None = None
