@@ -284,6 +284,11 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
             raise QuantizationError(f"--qe-convert-pytorch needs 8-bit activations and weights "
                                     f"with statistics, not {shown}; drop --qe-convert-pytorch "
                                     "(other widths stay simulated) or quantize to 8 bits")
+        narrow = sorted({layer.bits_accum for layer in layers.values() if layer.bits_accum < 32})
+        if narrow:
+            raise QuantizationError(f"--qe-convert-pytorch runs 32-bit accumulators, not "
+                                    f"bits_accum {narrow[0]}; drop --qe-convert-pytorch (the "
+                                    "narrow accumulator stays simulated) or use 32")
     if config.stats_file is not None or stats_path is not None:
         load_stats(config.stats_file or stats_path)
 

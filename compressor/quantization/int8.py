@@ -29,9 +29,9 @@ from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.quantization.errors import QuantizationError, unknown_choice
 from compressor.quantization.graph import ensure_float, float_functional_inputs
 from compressor.quantization.range_linear import (
+    MAX_ACCUM_BITS,
     LinearQuantMode,
     quantize,
-    quantize_bias,
     torch_qparams,
 )
 from compressor.quantization.wrappers import (
@@ -102,6 +102,11 @@ def check_convertible(model: nn.Module, backend: str | None = None) -> None:
             if weight is None or weight.bits != 8:
                 width = "float" if weight is None else f"{weight.bits} bits"
                 raise _refuse(name, f"has its weights in {width}")
+            if wrapper.bits_accum < MAX_ACCUM_BITS:
+                raise QuantizationError(
+                    f"--qe-convert-pytorch runs 32-bit accumulators, but layer '{name}' has "
+                    f"bits_accum {wrapper.bits_accum}; keep it simulated (drop "
+                    "--qe-convert-pytorch) or quantize with bits_accum 32")
     if backend is not None and kernels_saturate(backend):
         full = [name for name, wrapper in wrappers
                 if wrapper.output is not None and wrapper.output.bits > 7]
@@ -221,13 +226,10 @@ def _qweight(wrapper: ParamLayerWrapper) -> Tensor:
 
 
 def _grid_bias(wrapper: ParamLayerWrapper) -> Tensor:
-    """The bias on the accumulator's grid, as the simulation adds it (the x86 kernels add a float
-    bias unrounded)."""
-    bias = wrapper.wrapped.bias.detach().float()
-    if wrapper.bits_bias is None:
-        return bias
-    q, scale = quantize_bias(bias, wrapper.input0_scale, wrapper.weight_scale, wrapper.bits_bias)
-    return (q.to(torch.float64) / scale.to(torch.float64)).float()
+    """The bias as the simulation adds it (the x86 kernels add a float bias unrounded)."""
+    bias = wrapper.grid_bias(wrapper.input0_scale)
+    assert bias is not None
+    return bias.detach().float()
 
 
 def _convert_param(wrapper: ParamLayerWrapper) -> nn.Module:

@@ -206,7 +206,8 @@ def _apply(model: nn.Module, settings: QuantSettings, stats: ActivationStats | N
             if fusion is not None and fusion.activation is not None:
                 activation = _fused_activation(modules[fusion.activation])
             wrapper: QuantWrapper = ParamLayerWrapper(module, specs, output, qparams, weight,
-                                                      layer.bits_bias, activation)
+                                                      layer.bits_bias, activation,
+                                                      layer.bits_accum)
         elif isinstance(module, ELTWISE_LAYERS):
             wrapper = EltwiseWrapper(module, specs, output, qparams)
         else:

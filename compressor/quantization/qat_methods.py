@@ -42,13 +42,18 @@ def clamp_ste(x: Tensor, low: float, high: float) -> Tensor:
 
 
 def dorefa_weight(weight: Tensor, num_bits: int) -> Tensor:
-    """DoReFa's k-bit weights in [-1, 1] (gradient through tanh and the normalization)."""
+    """DoReFa's k-bit weights in [-1, 1] (gradient through tanh and the normalization).
+
+    Its grid, 2q/(2^k - 1) - 1, has no zero (at 4 bits 0 would become +-1/15): a weight that is
+    exactly zero, as pruning leaves it, stays zero, so a pruned model trains and deploys pruned.
+    """
     levels = 2 ** num_bits - 1
     squashed = weight.tanh()
     peak = squashed.abs().max()
     peak = torch.where(peak == 0, torch.ones_like(peak), peak)  # an all-zero weight stays 0
     unit = squashed / (2 * peak) + 0.5
-    return 2 * LinearQuantizeSTE.apply(unit, float(levels), 0.0, 0, levels, True) - 1
+    quantized = 2 * LinearQuantizeSTE.apply(unit, float(levels), 0.0, 0, levels, True) - 1
+    return torch.where(weight == 0, torch.zeros_like(quantized), quantized)
 
 
 def wrpn_weight(weight: Tensor, num_bits: int) -> Tensor:

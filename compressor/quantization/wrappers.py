@@ -19,7 +19,11 @@ from torch.func import functional_call
 
 from compressor.quantization.clipping import ClipMode, tensor_range
 from compressor.quantization.range_linear import (
+    MAX_ACCUM_BITS,
+    MAX_BITS,
     LinearQuantMode,
+    accum_range,
+    bias_scale,
     fake_quantize,
     quant_params,
     quantize_bias,
@@ -114,11 +118,17 @@ class ParamLayerWrapper(QuantWrapper):
     def __init__(self, wrapped: nn.Module, inputs: Sequence[TensorQuant | None],
                  output: TensorQuant | None, qparams: Mapping[str, QParams] | None,
                  weight: WeightQuant | None, bits_bias: int | None,
-                 activation: nn.Module | None = None) -> None:
-        """Fake-quantizes `wrapped.weight` in place; `activation` runs before the output quant."""
+                 activation: nn.Module | None = None, bits_accum: int = 32) -> None:
+        """Fake-quantizes `wrapped.weight` in place; `activation` runs before the output quant.
+
+        `bits_bias` (up to 16) quantizes the bias on its own grid first, as quantization-aware
+        training does; the bias then joins the accumulator (input scale * weight scale), which
+        holds `bits_accum` signed bits: sums beyond it are clamped, as in Distiller.
+        """
         super().__init__(wrapped, inputs, output, qparams)
         self.weight_quant = weight
         self.bits_bias = bits_bias
+        self.bits_accum = bits_accum
         self.activation = activation
         if weight is not None:
             w = wrapped.weight
@@ -129,17 +139,34 @@ class ParamLayerWrapper(QuantWrapper):
                 w.copy_(fake_quantize(w, self.weight_scale, self.weight_zero_point, weight.bits,
                                       weight.mode))
 
-    def forward(self, x: Tensor) -> Tensor:
-        """activation(layer(q(x); q(w), q(b))), fake-quantized."""
-        x, input_scale = self.quantize_input(0, x)
+    def grid_bias(self, input_scale: Tensor | None) -> Tensor | None:
+        """The bias as the integer layer adds it: on its own `bits_bias` grid (up to 16 bits),
+        then on the accumulator's; as it is where the input or the weight stays float."""
         bias = self.wrapped.bias
-        if (bias is not None and self.bits_bias is not None and input_scale is not None
-                and self.weight_quant is not None):
-            q, scale = quantize_bias(bias, input_scale, self.weight_scale, self.bits_bias)
-            bias = (q.to(torch.float64) / scale.to(torch.float64)).to(bias.dtype)
+        if bias is None:
+            return None
+        if self.bits_bias is not None and self.bits_bias <= MAX_BITS:
+            mode = self.weight_quant.mode if self.weight_quant is not None else (
+                LinearQuantMode.SYMMETRIC)
+            scale, zero_point = weight_quant_params(bias, self.bits_bias, mode, False)
+            bias = fake_quantize(bias, scale, zero_point, self.bits_bias, mode)
+        if input_scale is None or self.weight_quant is None:
+            return bias
+        q, scale = quantize_bias(bias, input_scale, self.weight_scale, self.bits_accum)
+        return (q.to(torch.float64) / scale.to(torch.float64)).to(bias.dtype)
+
+    def forward(self, x: Tensor) -> Tensor:
+        """activation(accumulator(layer(q(x); q(w), q(b)))), fake-quantized."""
+        x, input_scale = self.quantize_input(0, x)
+        bias = self.grid_bias(input_scale)
+        if bias is not None and bias is not self.wrapped.bias:
             y = functional_call(self.wrapped, {"bias": bias}, (x,))
         else:
             y = self.wrapped(x)
+        if self.bits_accum < MAX_ACCUM_BITS and input_scale is not None and (
+                self.weight_quant is not None):
+            y = _clamp_accumulator(y, bias_scale(input_scale, self.weight_scale),
+                                   self.bits_accum)
         if self.activation is not None:
             y = self.activation(y)
         return self.quantize_output(y)
@@ -150,6 +177,16 @@ class ParamLayerWrapper(QuantWrapper):
         text = "weight=float" if w is None else (
             f"weight={w.bits}b {w.mode.name}" + (" per-channel" if w.per_channel else ""))
         return f"{super().extra_repr()}, {text}"
+
+
+def _clamp_accumulator(y: Tensor, scale: Tensor, bits_accum: int) -> Tensor:
+    """y (in float) within the signed `bits_accum` range of the accumulator it was summed in."""
+    low, high = accum_range(bits_accum)
+    shape = [1] * y.dim()
+    if scale.numel() > 1:
+        shape[1] = -1  # one accumulator scale per output channel (dim 1 of conv/linear output)
+    scale = scale.reshape(shape).to(y.dtype)
+    return torch.clamp(y * scale, low, high) / scale
 
 
 class EltwiseWrapper(QuantWrapper):
