@@ -171,6 +171,8 @@ def _convert(simulated: nn.Module, backend: str) -> nn.Module:
     from compressor.quantization.int8 import check_convertible
 
     check_convertible(simulated, backend)
+    LOG.info("int8 kernels: torch.ao.nn.quantized modules on the %s engine (torch 2.14 "
+             "deprecates torch.ao's quantized tensors for torchao: README, Quantization)", backend)
     recipe = dict(description_of(simulated).recipe(QUANTIZATION))
     record_transform(simulated, QUANTIZATION, {**recipe, "kernels": "int8", "backend": backend})
     return int8_model(simulated, backend)

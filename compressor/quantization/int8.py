@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -202,7 +201,7 @@ class Int8Model(nn.Module):
 
     def forward(self, x: Tensor) -> Any:
         """The float output of the int8 model."""
-        with _quiet_deprecation():
+        with _integer_kernels_are_deterministic():
             out = self.model(x)
         if isinstance(out, (tuple, list)):
             return type(out)(o.dequantize() if isinstance(o, Tensor) else o for o in out)
@@ -307,18 +306,17 @@ def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
     called = None  # a traced model: the modules its graph calls (the others run inside them)
     if isinstance(converted, torch.fx.GraphModule):
         called = {str(n.target) for n in converted.graph.nodes if n.op == "call_module"}
-    with _quiet_deprecation():
-        for name, module in list(converted.named_modules()):
-            if not name or _inside_replaced(converted, name):
-                continue
-            if isinstance(module, QuantWrapper):
-                _set_module(converted, name, _convert(module))
-            elif isinstance(module, _QUANTIZED_SAFE):
-                continue
-            elif called is not None and name in called:
-                _set_module(converted, name, _Dequantized(module))  # a float leaf of the graph
-            elif called is None and not any(True for _ in module.children()):
-                _set_module(converted, name, _Dequantized(module))
+    for name, module in list(converted.named_modules()):
+        if not name or _inside_replaced(converted, name):
+            continue
+        if isinstance(module, QuantWrapper):
+            _set_module(converted, name, _convert(module))
+        elif isinstance(module, _QUANTIZED_SAFE):
+            continue
+        elif called is not None and name in called:
+            _set_module(converted, name, _Dequantized(module))  # a float leaf of the graph
+        elif called is None and not any(True for _ in module.children()):
+            _set_module(converted, name, _Dequantized(module))
     if isinstance(converted, torch.fx.GraphModule):
         float_functional_inputs(converted)  # functional ops compute in float, as simulated
     return Int8Model(converted, backend).eval()
@@ -336,25 +334,31 @@ def kernels_saturate(backend: str) -> bool:
     previous = torch.backends.quantized.engine
     try:
         torch.backends.quantized.engine = backend
-        with _quiet_deprecation():
-            conv = nnq.Conv2d(64, 1, 3)
-            weight = torch.full((1, 64, 3, 3), 127.0)
-            conv.set_weight_bias(torch.quantize_per_tensor(weight, 1.0, 0, torch.qint8), None)
-            conv.scale, conv.zero_point = 2.0 ** 20, 0
-            x = torch.quantize_per_tensor(torch.full((1, 64, 3, 3), 255.0), 1.0, 0, torch.quint8)
-            got = int(conv(x).int_repr().item())
+        conv = nnq.Conv2d(64, 1, 3)
+        weight = torch.full((1, 64, 3, 3), 127.0)
+        conv.set_weight_bias(torch.quantize_per_tensor(weight, 1.0, 0, torch.qint8), None)
+        conv.scale, conv.zero_point = 2.0 ** 20, 0
+        x = torch.quantize_per_tensor(torch.full((1, 64, 3, 3), 255.0), 1.0, 0, torch.quint8)
+        got = int(conv(x).int_repr().item())
     finally:
         torch.backends.quantized.engine = previous
     return got != round(64 * 9 * 255 * 127 / 2.0 ** 20)
 
 
 @contextlib.contextmanager
-def _quiet_deprecation() -> Iterator[None]:
-    """torch 2.14 warns on every quantized tensor it creates that torch.ao's quantized tensors
-    are deprecated (in favour of torchao); the kernels are what we use, the warning is noise."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
+def _integer_kernels_are_deterministic() -> Iterator[None]:
+    """--deterministic leaves the int8 forward alone: integer CPU kernels give the same result
+    every run, and torch's alert there (quantized_resize_cpu_, the allocation of an output it
+    then overwrites) would warn about nothing."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    if enabled:
+        torch.use_deterministic_algorithms(False)
+    try:
         yield
+    finally:
+        if enabled:
+            torch.use_deterministic_algorithms(True, warn_only=warn_only)
 
 
 def _inside_replaced(model: nn.Module, name: str) -> bool:
