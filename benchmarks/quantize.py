@@ -55,7 +55,7 @@ class Config:
     schedule: str | None = None  # "fp32ft" | "qat8" | "pact4" | "dorefa4" | "agp80" (fine-tunes)
     qe_flags: tuple[str, ...] = ()  # a post-training quantization of `source`
     baseline: str = "fp32"  # the row its top-1 drop is measured against
-    calibrate: bool = True  # post-training: collect statistics on --calibration of the test set
+    calibrate: bool = True  # post-training: statistics on --calibration of the training split
 
 
 PTQ_8_PER_TENSOR = ("--qe", "--qe-mode", "sym", "--qe-convert-pytorch")
@@ -290,7 +290,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--etrs", type=float, default=1.0, help="fraction of training data")
     parser.add_argument("--etes", type=float, default=1.0, help="fraction of test data")
     parser.add_argument("--calibration", type=float, default=0.05,
-                        help="fraction of the test set PTQ collects statistics on")
+                        help="fraction of the training split PTQ collects statistics on")
     parser.add_argument("-b", "--batch-size", type=int, default=128)
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--ft-lr", type=float, default=0.005)
@@ -317,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"fp32: {args.epochs} epochs at lr {args.lr}; fine-tunes: {args.ft_epochs} "
                 f"epochs at lr {args.ft_lr}; train fraction {args.etrs}, test fraction "
                 f"{args.etes}, batch {args.batch_size}; PTQ calibration on {args.calibration} of "
-                f"the test set; latency: median of {args.rounds} interleaved rounds of >= "
+                f"the training split; latency: median of {args.rounds} interleaved rounds of >= "
                 f"{args.min_ms:g} ms, torch {torch.__version__}, {os.cpu_count()} CPU threads; "
                 "ratios to fp32 with absolute figures in brackets")
     report = "\n\n".join(tables) + f"\n\n{settings}\n"
