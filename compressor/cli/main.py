@@ -90,8 +90,8 @@ def _refuse_quantized(args: argparse.Namespace, setup: RunSetup, training: bool)
     if quantization_kind(setup.description) != "post_train":
         return
     mode = "training" if training else next(
-        (flag for flag, on in (("--thinnify", args.thinnify), ("--sense", args.sense),
-                               ("--export-onnx", args.export_onnx is not None)) if on), None)
+        (flag for flag, on in (("--thinnify", args.thinnify), ("--sense", args.sense)) if on),
+        None)
     if mode is not None:
         raise UsageError(f"{setup.checkpoint_path} is post-training quantized, and {mode} needs "
                          "a float model; use the float checkpoint it came from (quantize last)")

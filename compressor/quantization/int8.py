@@ -41,8 +41,8 @@ from compressor.quantization.wrappers import (
     TensorQuant,
 )
 
-__all__ = ["INT8_BACKENDS", "ACTIVATION_BITS", "check_convertible", "convert_to_int8",
-           "Int8Model", "kernels_saturate"]
+__all__ = ["INT8_BACKENDS", "ACTIVATION_BITS", "Grid", "activation_grid", "weight_integers",
+           "check_convertible", "convert_to_int8", "Int8Model", "kernels_saturate"]
 
 INT8_BACKENDS = ("x86", "fbgemm", "qnnpack")
 # modules that run on quantized tensors as they are
@@ -116,7 +116,7 @@ def check_convertible(model: nn.Module, backend: str | None = None) -> None:
                 "(7-bit activations), or keep the model simulated")
 
 
-def _act_qparams(scale: Tensor, zero_point: Tensor, spec: TensorQuant) -> Grid:
+def activation_grid(scale: Tensor, zero_point: Tensor, spec: TensorQuant) -> Grid:
     """torch's quint8 grid of Distiller's activation parameters (signed modes shifted to start
     at 0: by 128 at 8 bits, by 64 at reduce_range's 7)."""
     torch_scale, torch_zero = torch_qparams(scale, zero_point)
@@ -208,8 +208,9 @@ class Int8Model(nn.Module):
         return out.dequantize() if isinstance(out, Tensor) else out
 
 
-def _qweight(wrapper: ParamLayerWrapper) -> Tensor:
-    """The qint8 weight holding the simulation's integers."""
+def weight_integers(wrapper: ParamLayerWrapper) -> tuple[Tensor, Tensor, Tensor]:
+    """The simulation's weight as int8 integers with torch's scales and zero points (one per
+    output channel, or 0-dim): weight = (ints - zero_point) * scale."""
     spec = wrapper.weight_quant
     assert spec is not None
     weight = wrapper.wrapped.weight.detach().float()
@@ -217,10 +218,16 @@ def _qweight(wrapper: ParamLayerWrapper) -> Tensor:
     scale, zero_point = torch_qparams(wrapper.weight_scale, wrapper.weight_zero_point)
     if spec.mode is LinearQuantMode.ASYMMETRIC_UNSIGNED:
         ints, zero_point = ints - 128, zero_point - 128
-    ints = ints.to(torch.int8)
     if spec.per_channel:
-        return torch._make_per_channel_quantized_tensor(
-            ints, scale.reshape(-1).double(), zero_point.reshape(-1), 0)
+        return ints.to(torch.int8), scale.reshape(-1).double(), zero_point.reshape(-1)
+    return ints.to(torch.int8), scale.reshape(()).double(), zero_point.reshape(())
+
+
+def _qweight(wrapper: ParamLayerWrapper) -> Tensor:
+    """The qint8 weight holding the simulation's integers."""
+    ints, scale, zero_point = weight_integers(wrapper)
+    if scale.dim():
+        return torch._make_per_channel_quantized_tensor(ints, scale, zero_point, 0)
     return torch._make_per_tensor_quantized_tensor(ints, float(scale), int(zero_point))
 
 
@@ -246,7 +253,7 @@ def _convert_param(wrapper: ParamLayerWrapper) -> nn.Module:
     bias = None if layer.bias is None else _grid_bias(wrapper)
     module.set_weight_bias(_qweight(wrapper), bias)
     assert wrapper.output is not None
-    grid = _act_qparams(*wrapper.qparams("output"), wrapper.output)
+    grid = activation_grid(*wrapper.qparams("output"), wrapper.output)
     module.scale, module.zero_point = grid.scale, grid.zero_point
     if wrapper.activation is not None and not fused_relu:
         return nn.Sequential(module, copy.deepcopy(wrapper.activation))  # ReLU6 on quint8
@@ -255,7 +262,7 @@ def _convert_param(wrapper: ParamLayerWrapper) -> nn.Module:
 
 def _inputs(wrapper: QuantWrapper) -> list[Grid | None]:
     """torch's parameters of each input."""
-    return [None if spec is None else _act_qparams(*wrapper.qparams(f"input{i}"), spec)
+    return [None if spec is None else activation_grid(*wrapper.qparams(f"input{i}"), spec)
             for i, spec in enumerate(wrapper.inputs)]
 
 
@@ -263,14 +270,14 @@ def _convert(wrapper: QuantWrapper) -> nn.Module:
     """The int8 replacement of one wrapper, clamped to its output grid where narrower."""
     module = _replacement(wrapper)
     assert wrapper.output is not None
-    module.clamp = _act_qparams(*wrapper.qparams("output"), wrapper.output).bounds()
+    module.clamp = activation_grid(*wrapper.qparams("output"), wrapper.output).bounds()
     return module
 
 
 def _replacement(wrapper: QuantWrapper) -> _Int8Module:
     """The int8 module computing one wrapper (its output on quint8's whole grid)."""
     assert wrapper.output is not None
-    output = _act_qparams(*wrapper.qparams("output"), wrapper.output)
+    output = activation_grid(*wrapper.qparams("output"), wrapper.output)
     if isinstance(wrapper, ParamLayerWrapper):
         return _Int8Module(_convert_param(wrapper), _inputs(wrapper))
     if isinstance(wrapper, EltwiseWrapper):
