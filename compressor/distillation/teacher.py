@@ -13,13 +13,12 @@ from pathlib import Path
 
 import torch
 from torch import Tensor, nn
-from torchvision.models import get_weight
 
 from compressor.assembly.setup import ResolvedModel, build_resolved_model, resolve_model
 from compressor.distillation.adapter import InputAdapter
 from compressor.models.description import ModelDescription, description_of
 from compressor.models.factory import get_arch_spec
-from compressor.models.pretrained import pretrained_weights_path
+from compressor.models.pretrained import has_pretrained_weights, pretrained_file
 from compressor.models.registry import ArchSpec
 from compressor.training.checkpoint import REQUIRED_KEYS, load_checkpoint
 from compressor.training.losses import main_logits
@@ -120,7 +119,7 @@ def _resolve(request: ModelRequest, student: ModelDescription) -> tuple[Resolved
         raise UsageError("no teacher given: pass --kd-teacher ARCH --kd-pretrained or "
                          "--kd-resume CKPT")
     spec = get_arch_spec(request.arch)
-    if spec.weights is None:
+    if not has_pretrained_weights(spec):
         raise UsageError(f"architecture '{spec.name}' has no pretrained weights; train "
                          f"one and pass --kd-resume CKPT instead of --kd-pretrained")
     dataset = _dataset_for(spec, student.dataset, pretrained=True)
@@ -130,7 +129,7 @@ def _resolve(request: ModelRequest, student: ModelDescription) -> tuple[Resolved
 def _source(resolved: ResolvedModel, kind: str, request: ModelRequest) -> TeacherSource:
     arch = resolved.description.arch
     if kind == PRETRAINED:
-        file = pretrained_weights_path(get_weight(resolved.arch_spec.weights).url)
+        file = pretrained_file(resolved.arch_spec, download=False)
         return TeacherSource(arch, kind, file.name, file_sha256(file))
     path = request.checkpoint
     assert path is not None

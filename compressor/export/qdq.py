@@ -29,6 +29,7 @@ from compressor.quantization.wrappers import (
     EltwiseWrapper,
     ParamLayerWrapper,
     QuantWrapper,
+    input_padding,
 )
 
 __all__ = ["qdq_form", "check_qdq_exportable", "MAX_QDQ_BITS"]
@@ -68,6 +69,7 @@ class _QDQLayer(nn.Module):
         super().__init__()
         layer = wrapper.wrapped
         self.input = _grid(wrapper, "input0", wrapper.inputs[0])
+        self.pre_pad = input_padding(layer)
         ints, scale, zero_point = weight_integers(wrapper)
         self.register_buffer("weight_int8", ints)
         self.per_channel = scale.dim() > 0
@@ -115,6 +117,8 @@ class _QDQLayer(nn.Module):
         """The layer's QDQ graph."""
         if self.input is not None:
             x = self.input(x)
+        if self.pre_pad is not None:
+            x = F.pad(x, self.pre_pad)
         weight, bias = self._weight(), self._bias()
         if self.kind == "linear":
             y = F.linear(x, weight, bias)

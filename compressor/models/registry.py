@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
@@ -35,6 +36,7 @@ class ArchSpec:
     input_specs: Mapping[str, InputSpec]
     loss: str = "cross_entropy"  # a name in compressor.training.losses.LOSSES
     weights: str | None = None  # torchvision weights enum, e.g. "ResNet18_Weights.IMAGENET1K_V1"
+    weights_file: Callable[[], Path] | None = None  # or a weights file an installed package ships
     model_attrs: Mapping[str, Any] = field(default_factory=dict)  # accepted attrs -> defaults
     pretrained_attrs: Mapping[str, Any] = field(default_factory=dict)  # defaults with weights
     family: str = ""

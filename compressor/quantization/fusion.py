@@ -48,11 +48,12 @@ class Fusion:
 
 
 class QuantTracer(torch.fx.Tracer):
-    """Keeps batch norms and element-wise modules as single call_module nodes."""
+    """Keeps batch norms, element-wise modules and conv / linear layers (subclasses too: a
+    padding convolution is one layer) as single call_module nodes."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        """Batch norms and Eltwise modules are leaves too."""
-        return (isinstance(m, (nn.modules.batchnorm._BatchNorm, *ELTWISE_LAYERS))
+        """Batch norms, Eltwise modules and param layers are leaves too."""
+        return (isinstance(m, (nn.modules.batchnorm._BatchNorm, *ELTWISE_LAYERS, *PARAM_LAYERS))
                 or super().is_leaf_module(m, module_qualified_name))
 
 

@@ -22,6 +22,7 @@ import torch
 import torch.ao.nn.intrinsic.quantized as nniq
 import torch.ao.nn.quantized as nnq
 import torch.fx
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
@@ -39,6 +40,7 @@ from compressor.quantization.wrappers import (
     ParamLayerWrapper,
     QuantWrapper,
     TensorQuant,
+    input_padding,
 )
 
 __all__ = ["INT8_BACKENDS", "ACTIVATION_BITS", "Grid", "activation_grid", "weight_integers",
@@ -145,6 +147,7 @@ class _Int8Module(nn.Module):
         super().__init__()
         self.op, self.inputs, self.output, self.kind = op, tuple(inputs), output, kind
         self.clamp: tuple[float, float] | None = None  # the output grid's, where narrower
+        self.pre_pad: tuple[int, ...] | None = None  # a padding conv's input padding
 
     def forward(self, *xs: Tensor) -> Tensor:
         """op of the entry-quantized inputs, clamped to a reduced output grid."""
@@ -156,6 +159,8 @@ class _Int8Module(nn.Module):
     def _run(self, *xs: Tensor) -> Tensor:
         ready = [_quantize_to(x, self.inputs[i] if i < len(self.inputs) else self.inputs[-1])
                  for i, x in enumerate(xs)]
+        if self.pre_pad is not None:  # zeros of the quantized input: its zero point
+            ready[0] = F.pad(ready[0], self.pre_pad)
         if self.kind == "activation":
             # the activation in float, requantized to its own output parameters
             assert self.output is not None
@@ -246,7 +251,8 @@ def _convert_param(wrapper: ParamLayerWrapper) -> nn.Module:
         cls = nniq.LinearReLU if fused_relu else nnq.Linear
         module = cls(layer.in_features, layer.out_features)
     else:
-        plain, with_relu = _CONV[type(layer)]
+        plain, with_relu = next(kinds for base, kinds in _CONV.items()
+                                if isinstance(layer, base))
         module = (with_relu if fused_relu else plain)(
             layer.in_channels, layer.out_channels, layer.kernel_size, layer.stride,
             layer.padding, layer.dilation, layer.groups, True, layer.padding_mode)
@@ -279,7 +285,9 @@ def _replacement(wrapper: QuantWrapper) -> _Int8Module:
     assert wrapper.output is not None
     output = activation_grid(*wrapper.qparams("output"), wrapper.output)
     if isinstance(wrapper, ParamLayerWrapper):
-        return _Int8Module(_convert_param(wrapper), _inputs(wrapper))
+        module = _Int8Module(_convert_param(wrapper), _inputs(wrapper))
+        module.pre_pad = input_padding(wrapper.wrapped)
+        return module
     if isinstance(wrapper, EltwiseWrapper):
         functional = nnq.QFunctional()
         functional.scale, functional.zero_point = output.scale, output.zero_point

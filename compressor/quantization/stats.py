@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.fx
 import yaml
 from torch import Tensor, nn
 
@@ -326,7 +327,8 @@ def _default_forward(model: nn.Module, batch: Any) -> None:
 def collect_stats(model: nn.Module, batches: Iterable[Any],
                   module_types: tuple[type[nn.Module], ...] | None = None,
                   forward: Callable[[nn.Module, Any], Any] | None = None) -> ActivationStats:
-    """Collect Distiller's activation statistics of every leaf module over `batches`, in eval mode.
+    """Collect Distiller's activation statistics of every leaf module (of a traced model: every
+    module its graph calls) over `batches`, in eval mode.
 
     `batches` is iterated twice (a list or a DataLoader, not a one-shot iterator): pass one
     measures min, max, avg_min, avg_max and mean, pass two std and b around that mean. Inputs are
@@ -340,8 +342,12 @@ def collect_stats(model: nn.Module, batches: Iterable[Any],
         raise QuantizationError("statistics collection reads the batches twice (as Distiller); "
                                 "pass a list or a DataLoader, not a one-shot iterator")
     target = unwrap_model(model)
+    # a traced model's: the modules its graph calls (a padding conv with a child among them)
+    called = ({str(node.target) for node in target.graph.nodes if node.op == "call_module"}
+              if isinstance(target, torch.fx.GraphModule) else None)
     modules = [(name, module) for name, module in target.named_modules()
-               if name and not any(True for _ in module.children())
+               if name and (name in called if called is not None
+                            else not any(True for _ in module.children()))
                and not isinstance(module, nn.Identity)
                and (module_types is None or isinstance(module, module_types))]
     if not modules:

@@ -31,7 +31,7 @@ from compressor.quantization.range_linear import (
 )
 
 __all__ = ["TensorQuant", "WeightQuant", "QuantWrapper", "ParamLayerWrapper", "EltwiseWrapper",
-           "ActivationWrapper"]
+           "ActivationWrapper", "input_padding"]
 
 QParams = tuple[Tensor, Tensor]
 
@@ -187,6 +187,16 @@ def _clamp_accumulator(y: Tensor, scale: Tensor, bits_accum: int) -> Tensor:
         shape[1] = -1  # one accumulator scale per output channel (dim 1 of conv/linear output)
     scale = scale.reshape(shape).to(y.dtype)
     return torch.clamp(y * scale, low, high) / scale
+
+
+def input_padding(layer: nn.Module) -> tuple[int, ...] | None:
+    """The zero padding a conv layer applies to its input before convolving, beyond its own
+    `padding` (TF "same" padding, asymmetric at stride 2: efficientnet_pytorch's convolutions
+    keep it as `static_padding`, an nn.ZeroPad2d); None when it has none."""
+    pad = getattr(layer, "static_padding", None)
+    if isinstance(pad, nn.ZeroPad2d) and any(pad.padding):
+        return tuple(int(p) for p in pad.padding)
+    return None
 
 
 class EltwiseWrapper(QuantWrapper):
