@@ -87,7 +87,7 @@ def _started_zygote() -> CliZygote:
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess[str]:
-    """`compressor.app.main(ARGS)` in this process, for refusals that happen before any work
+    """`compressor.cli.main(ARGS)` in this process, for refusals that happen before any work
     (a CLI subprocess spends seconds importing torch); returns what run_cli returns."""
     from compressor.cli.main import main
 

@@ -23,7 +23,7 @@ __all__ = ["DistillationOutput", "student_output", "distillation_loss", "Distill
 class DistillationOutput:
     """The student's own output, and its teacher's logits for the same batch on demand.
 
-    `logits` is the student's main head, so compressor.losses.main_logits and the training
+    `logits` is the student's main head, so compressor.training.losses.main_logits and the training
     metrics see the student. The teacher runs only when a loss asks for its logits, so epochs
     before --kd-start-epoch cost nothing extra.
     """

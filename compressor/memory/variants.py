@@ -36,7 +36,7 @@ def apply_memory_variant(model: nn.Module, arch_spec: ArchSpec, variant: str) ->
     """Turn `model` into its memory-efficient `variant`, in place, and return it.
 
     "recompute" switches on a model's own `set_grad_checkpointing`, or puts recomputing
-    containers in the place of its block containers (compressor.memory.checkpointing,
+    containers in the place of its block containers (compressor.models.layers.checkpointing,
     compressor.memory.dense); "inplace-abn" swaps batch norm + activation pairs for
     InPlaceABN + Identity. Nothing is written on the model but its modules: the caller
     records the variant (in the model's description). Parameter and buffer names are kept,

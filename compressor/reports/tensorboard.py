@@ -1,7 +1,7 @@
 """TensorBoard scalars of a training run (--tensorboard), one step per epoch.
 
 Written with torch.utils.tensorboard's SummaryWriter under <run_dir>/tensorboard/ (its event
-file is appended to, the one file the project writes without compressor.checkpoint's atomic
+file is appended to, the one file the project writes without compressor.utils.atomic_io's atomic
 write); metrics.csv stays the source of truth. Tags:
 
     loss/train loss/val top1/train top1/val top5/train top5/val lr time/train cpu_time/train

@@ -1,4 +1,4 @@
-"""Small typed run configs, built once from the parsed command line by compressor.app.
+"""Small typed run configs, built once from the parsed command line by compressor.cli.
 
 Library code (training, thinning, model resolution) takes these, never argparse.Namespace.
 """

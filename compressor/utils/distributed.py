@@ -200,7 +200,7 @@ def verify_identical(named: Mapping[str, Tensor], what: str, device: torch.devic
         raise ReplicaMismatchError(
             f"{what} differ across the {world_size()} ranks{where} ({len(differs)} differ, "
             f"first: {first}); they were computed from rank-dependent random numbers or "
-            f"statistics: draw from compressor.distributed.shared_generator, all-reduce "
+            f"statistics: draw from compressor.utils.distributed.shared_generator, all-reduce "
             f"statistics")
     if rank() == 0:
         LOG.info("%s identical on %d ranks%s (checksum %.17g)", what, world_size(), where,

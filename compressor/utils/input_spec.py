@@ -1,7 +1,7 @@
 """InputSpec: what an architecture expects as input (size, resize/crop, normalization).
 
-A leaf module (no compressor imports), so that both the model registry and the dataset table
-(compressor.datasets) can use it without importing each other.
+A leaf module (no compressor imports): the dataset table (compressor.utils.dataset_table), the
+model registry and the data loaders all read it.
 """
 
 from __future__ import annotations
