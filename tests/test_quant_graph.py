@@ -62,6 +62,10 @@ def test_functional_ops_become_named_modules_and_compute_the_same() -> None:
     assert kinds["features.1.block.1.mul"] is EltwiseMult  # squeeze-excitation: scale * x
     with torch.no_grad():
         assert torch.equal(graph(x), model(x))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    collect_stats(graph, [x])  # the graph shares the model's layers and changes none of them
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert not _kinds(model)  # the Eltwise modules were added to the graph, not to the model
     googlenet, y = _model("googlenet", 64)
     graph = explicit_graph(googlenet, y[:1])
     assert _kinds(graph)["inception3a.cat"] is Concat

@@ -276,7 +276,8 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
     if config.calibrate_only or kind is not None:
         return
     settings, stats_path = _requested_settings(config)
-    layers = resolve_layers(quantization_graph(copy.deepcopy(model), config, source), settings)
+    # the graph shares the model's layers and changes none: reading its settings needs no copy
+    layers = resolve_layers(quantization_graph(model, config, source), settings)
     if config.convert:
         widths = {bits for layer in layers.values()
                   for bits in (layer.bits_activations, layer.bits_weights) if bits is not None}
@@ -356,7 +357,7 @@ def _calibrate_only(model: nn.Module, config: QuantizeConfig, calibration: Calib
     from compressor.quantization.stats import STATS_FILE_NAME, save_stats
 
     assert config.calibration is not None
-    graph = quantization_graph(copy.deepcopy(model), config, str(description_of(model).arch))
+    graph = quantization_graph(model, config, str(description_of(model).arch))  # reads only
     stats, seconds = calibrate(graph, calibration(), config.calibration, batch_size, seed)
     facts: dict[str, Any] = {"calibration_fraction": config.calibration,
                              "calibration_split": config.calibration_split,
