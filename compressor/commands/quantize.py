@@ -203,21 +203,6 @@ def _for_kernels(settings: Any, config: QuantizeConfig) -> Any:
     return settings
 
 
-def _refuse_saturating(model: nn.Module, config: QuantizeConfig, source: str) -> None:
-    """A simulated post-training model with full-range activations cannot be converted for
-    kernels that saturate them: say so rather than convert it wrong."""
-    from compressor.quantization.int8 import kernels_saturate
-
-    recipe = description_of(model).recipe(QUANTIZATION) or {}
-    reduced = bool(recipe.get("settings", {}).get("reduce_range", False))
-    if config.convert and recipe.get("kernels") != "int8" and not reduced \
-            and kernels_saturate(config.backend):
-        raise QuantizationError(f"{source} quantizes activations to 8 bits, which this CPU's "
-                                f"{config.backend} int8 kernels saturate (no VNNI); quantize the "
-                                "float checkpoint it came from with --qe-convert-pytorch "
-                                "(activations then use 7 bits), or evaluate it simulated")
-
-
 def quantization_graph(model: nn.Module, config: QuantizeConfig, source: str) -> nn.Module:
     """The float model as the graph quantization follows (compressor.quantization.graph:
     functional adds, multiplies and concatenations as named modules); where torch.fx cannot
@@ -271,8 +256,14 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
     from compressor.quantization.stats import load_stats
 
     kind = _kind_to_quantize(model, config, source)
-    if kind == "post_train":
-        _refuse_saturating(model, config, source)
+    recipe = description_of(model).recipe(QUANTIZATION) or {}
+    if kind == "post_train" and config.convert and recipe.get("kernels") != "int8":
+        from compressor.quantization.int8 import check_convertible
+
+        try:  # widths, dynamic ranges, accumulators, kernels that saturate: before any file
+            check_convertible(model, config.backend)
+        except QuantizationError as exc:
+            raise QuantizationError(f"{source}: {exc}") from None
     if config.calibrate_only or kind is not None:
         return
     settings, stats_path = _requested_settings(config)

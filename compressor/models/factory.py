@@ -9,15 +9,13 @@ from typing import Any
 
 from torch import nn
 
-from compressor.models import families
+from compressor.models import families  # noqa: F401  (their decorators fill the registry)
 from compressor.models.description import ModelDescription, describe
 from compressor.models.registry import ArchSpec, registered_specs
 from compressor.utils.errors import UsageError
 from compressor.utils.input_spec import InputSpec
 
-__all__ = ["get_arch_spec", "list_archs", "create_model", "FAMILIES"]
-
-FAMILIES = families.__all__  # the imported families, for readers: the registry is full now
+__all__ = ["get_arch_spec", "list_archs", "create_model"]
 
 
 def list_archs() -> list[str]:

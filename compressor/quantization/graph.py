@@ -16,7 +16,6 @@ ops that are exact on quantized tensors (views, flattens, shuffles, max pooling)
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -146,8 +145,7 @@ def _exact(node: torch.fx.Node) -> bool:
     return True  # modules are converted (or wrapped to take float) one by one
 
 
-def float_functional_inputs(module: torch.fx.GraphModule,
-                            to_float: Callable[[Any], Any] = ensure_float) -> list[str]:
+def float_functional_inputs(module: torch.fx.GraphModule) -> list[str]:
     """Dequantize the inputs of every functional op that is not exact on quantized tensors;
     returns those ops' names (they compute in float, as in the simulation)."""
     changed = []
@@ -156,7 +154,7 @@ def float_functional_inputs(module: torch.fx.GraphModule,
             continue
         with module.graph.inserting_before(node):
             def wrap(arg: torch.fx.Node) -> torch.fx.Node:
-                return module.graph.call_function(to_float, (arg,))
+                return module.graph.call_function(ensure_float, (arg,))
 
             node.args = torch.fx.node.map_arg(node.args, wrap)
             node.kwargs = torch.fx.node.map_arg(node.kwargs, wrap)
