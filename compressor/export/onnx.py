@@ -205,8 +205,12 @@ def _agreement(ort_outputs: np.ndarray, compare_with: Callable[[Tensor], Tensor]
     with torch.no_grad():
         other = compare_with(sample).float().numpy()
     same = float(np.mean(np.argmax(ort_outputs, axis=1) == np.argmax(other, axis=1)))
-    return {"top1_agreement": same,
-            "max_abs_diff": float(np.max(np.abs(ort_outputs.astype(np.float64) - other)))}
+    diff = float(np.max(np.abs(ort_outputs.astype(np.float64) - other)))
+    # Two logit vectors within `diff` of each other can only disagree on a sample whose top-2
+    # margin is at most 2 * diff: those are the near ties, which explain any disagreement.
+    top2 = np.sort(other, axis=1)[:, -2:]
+    near_ties = float(np.mean(top2[:, 1] - top2[:, 0] <= 2 * diff)) if other.shape[1] > 1 else 0.0
+    return {"top1_agreement": same, "max_abs_diff": diff, "near_ties": near_ties}
 
 
 def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Path, *,
