@@ -217,18 +217,23 @@ def test_prepare_wraps_in_place_keeping_parameter_order_and_is_idempotent() -> N
         other.prepare(model)
 
 
-def test_disabled_wrappers_pass_through_in_float() -> None:
+@pytest.mark.parametrize("fold", [True, False])
+def test_disabled_wrappers_pass_through_in_float(fold: bool) -> None:
     torch.manual_seed(0)
     float_model = create_model("preact_resnet20_cifar", "cifar10")
     quantizer = build_qat_quantizer("QuantAwareTrainRangeLinearQuantizer",
-                                    ARGS["QuantAwareTrainRangeLinearQuantizer"], "test")
+                                    {**ARGS["QuantAwareTrainRangeLinearQuantizer"],
+                                     "fold_batchnorm": fold}, "test")
     model = qat_from_recipe(copy.deepcopy(float_model), quantizer.recipe())
     quantizer.set_enabled(model, False)
     x = torch.randn(2, 3, 16, 16)
-    float_model.train()
-    model.train()
-    assert torch.equal(model(x), float_model(x))
-    assert model.inputs_quant.quant.tracker.iter_count.item() == 0
+    for train in (True, False):
+        float_model.train(train)
+        model.train(train)
+        assert torch.equal(model(x), float_model(x))
+    # folded: each layer quantizes its own inputs; Distiller's form: the model's input quantizer
+    tracker = (model.conv1.input_ranges[0] if fold else model.inputs_quant.quant.tracker)
+    assert tracker.iter_count.item() == 0
     assert not bool(model.state_dict()["conv1.enabled"])  # the flag is saved
 
 
@@ -282,7 +287,8 @@ def test_qat_to_float_gives_grid_weights_and_stats(class_name: str) -> None:
     if class_name == "DorefaQuantizer":
         assert parsed["relu1"]["output"]["max"] == 1.0
     else:
-        tracked = model.relu1.output_quant.tracker
+        tracked = model.conv1.output_quant.tracker  # relu1 is fused into conv1
+        assert isinstance(model.relu1, nn.Identity)
         assert parsed["relu1"]["output"]["max"] == tracked.tracked_max.item()
         assert parsed["fc1"]["inputs"][0]["max"] > 0
 

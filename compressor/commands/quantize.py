@@ -167,6 +167,23 @@ def _post_train(float_model: nn.Module, settings: Any, stats: dict[str, Any] | N
                              **quantizer.recipe()})
 
 
+def _from_tracked(float_model: nn.Module, settings: Any, tracked: dict[str, Any],
+                  facts: dict[str, Any]) -> nn.Module | None:
+    """The model quantized with the ranges its quantization-aware training tracked, with no
+    calibration; None (logged) when they lack a range it needs."""
+    attempt = describe(copy.deepcopy(float_model), description_of(float_model))
+    try:
+        simulated = _post_train(attempt, settings, tracked, dynamic=False)
+    except QuantizationError as exc:
+        if "activation statistics lack" not in str(exc):
+            raise
+        LOG.info("the ranges quantization-aware training tracked are not all it needs (%s); "
+                 "calibrating", str(exc).split(";")[0])
+        return None
+    facts["stats_source"] = "ranges tracked by quantization-aware training"
+    return simulated
+
+
 def _convert(simulated: nn.Module, backend: str) -> nn.Module:
     from compressor.quantization.int8 import check_convertible
 
@@ -314,15 +331,22 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibratio
         float_model, tracked = qat_to_float(model)
         describe(float_model, _without_quantization(description_of(model)))
         float_model = quantization_graph(float_model, config, source)
-        settings = _for_kernels(QuantSettings.from_recipe(recipe["settings"]), config)
+        trained = QuantSettings.from_recipe(recipe["settings"])
+        settings = _for_kernels(trained, config)
+        if settings.reduce_range and not trained.reduce_range:
+            LOG.warning("%s trained 8-bit activations, which this CPU's int8 kernels cannot "
+                        "take: the int8 model uses 7 and may differ from the QAT evaluation; "
+                        "train with reduce_range: true in the quantizer", source)
         given = config.stats_file or config.calibration is not None or config.dynamic
-        stats = _stats_for(config, None, float_model, calibration, batch_size, seed, facts)
-        if not given:  # QAT tracked what it quantized; calibration fills in the rest (the
-            # outputs of batch norms folded into a convolution, which QAT left in float)
-            stats = {**(stats or {}), **tracked}
-            facts["stats_source"] = (f"ranges tracked by quantization-aware training "
-                                     f"(other layers: {facts['stats_source']})")
-        simulated = _post_train(float_model, settings, stats, config.dynamic)
+        simulated = None if given else _from_tracked(float_model, settings, tracked, facts)
+        if simulated is None:
+            stats = _stats_for(config, None, float_model, calibration, batch_size, seed, facts)
+            if not given:  # QAT tracked what it quantized; calibration fills in the rest
+                # (functional ops QAT did not see, batch norms QAT did not fold)
+                stats = {**(stats or {}), **tracked}
+                facts["stats_source"] = (f"ranges tracked by quantization-aware training "
+                                         f"(other layers: {facts['stats_source']})")
+            simulated = _post_train(float_model, settings, stats, config.dynamic)
     else:
         settings, stats_path = _requested_settings(config)
         settings = _for_kernels(settings, config)

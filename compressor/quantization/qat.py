@@ -26,9 +26,12 @@ from torch import Tensor, nn
 
 from compressor.models.description import unwrap_model
 from compressor.quantization.errors import QuantizationError, shown
+from compressor.quantization.fusion import Fusion, find_fusions, input_sources, trace_model
+from compressor.quantization.qat_fold import FoldedBatchNorm, FusedQATWrapper
 from compressor.quantization.qat_modules import (
     DEFAULT_EMA_DECAY,
     FakeLinearQuantization,
+    InputGrid,
     InputQuantizer,
     LinearWeightQuant,
     QATWrapper,
@@ -45,6 +48,7 @@ from compressor.quantization.settings import (
     PARAM_LAYERS,
     LayerSettings,
     QuantSettings,
+    reduced_bits,
     resolve_layers,
 )
 
@@ -52,7 +56,7 @@ __all__ = [
     "DEFAULT_EMA_DECAY", "INPUTS_QUANT_NAME", "update_ema", "range_qparams", "RangeTracker",
     "FakeLinearQuantization", "LinearWeightQuant", "QATWrapper", "InputQuantizer",
     "QATQuantizer", "QuantAwareTrainRangeLinearQuantizer", "is_qat_prepared",
-    "quantizer_parameter_names", "set_qat_enabled", "qat_to_float",
+    "quantizer_parameter_names", "set_qat_enabled", "qat_to_float", "unprepare",
 ]
 
 INPUTS_QUANT_NAME = "inputs_quant"  # Distiller's attribute for the model-input quantizer
@@ -79,6 +83,53 @@ def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
     """Replace the submodule called `name`."""
     parent_name, _, child = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+def _traced(model: nn.Module) -> tuple[torch.fx.Graph | None, list[Fusion]]:
+    """`model`'s eval-mode graph (aux heads, which evaluation never runs, are not in it) and its
+    conv / linear -> BN -> ReLU chains, as post-training quantization finds them."""
+    training = model.training
+    model.eval()
+    try:
+        graph = trace_model(model)
+        return graph, (find_fusions(model, graph) if graph is not None else [])
+    finally:
+        model.train(training)
+
+
+def _set_input_grids(model: nn.Module, graph: torch.fx.Graph, planned: Mapping[str, QATWrapper],
+                     layers: Mapping[str, LayerSettings], fusions: list[Fusion]) -> None:
+    """Give each param / element-wise wrapper the grids the int8 model quantizes its inputs to:
+    the producing layer's output grid, else the input's own tracked range."""
+    wanted = [name for name, w in planned.items()
+              if isinstance(w.wrapped, (*PARAM_LAYERS, *ELTWISE_LAYERS))]
+    for name, sources in input_sources(model, graph, wanted, fusions).items():
+        wrapper, layer = planned[name], layers[name]
+        if layer.bits_activations is None or not layer.quantize_inputs:
+            continue
+        grids: list[InputGrid | None] = []
+        for index, source in enumerate(sources[:len(wrapper.input_ranges)]):
+            producer = planned.get(source) if source is not None else None
+            if producer is not None and isinstance(producer.output_quant, FakeLinearQuantization):
+                grids.append(InputGrid(producer=producer.output_quant))
+            else:
+                grids.append(InputGrid(own=(wrapper.input_ranges[index],
+                                            layer.bits_activations, layer.mode.activations)))
+        wrapper.input_grids = grids
+
+
+def unprepare(model: nn.Module) -> nn.Module:
+    """Take a QAT quantizer's wrappers, folded batch norms and input quantizer off `model`, in
+    place (the wrapped modules come back as they are: copy effective weights in first)."""
+    for name, wrapper in _wrappers(model).items():
+        if isinstance(wrapper, FusedQATWrapper):
+            wrapper.uninstall(model)
+        _set_child(model, name, wrapper.wrapped)
+    for key in _input_hooks(model):
+        del model._forward_pre_hooks[key]
+    if isinstance(getattr(model, INPUTS_QUANT_NAME, None), InputQuantizer):
+        delattr(model, INPUTS_QUANT_NAME)
+    return model
 
 
 def is_qat_prepared(model: nn.Module) -> bool:
@@ -118,6 +169,8 @@ class QATQuantizer:
     class_name: ClassVar[str] = ""
     # the YAML keys this class reads besides its settings, and the settings keys it accepts
     extra_keys: ClassVar[tuple[str, ...]] = ()
+    # extra arguments a saved recipe lacking them meant (older checkpoints)
+    recipe_defaults: ClassVar[dict[str, Any]] = {}
     settings_keys: ClassVar[tuple[str, ...]] = ("bits_activations", "bits_weights",
                                                 "bits_parameters", "bits_bias", "overrides")
     override_keys: ClassVar[tuple[str, ...]] = ("bits_activations", "bits_weights",
@@ -197,6 +250,8 @@ class QATQuantizer:
                                         f"'{INPUTS_QUANT_NAME}'; rename it before QAT")
             for name, wrapper in self.plan(target).items():
                 _set_child(target, name, wrapper)
+                if isinstance(wrapper, FusedQATWrapper):
+                    wrapper.install(target)
             quant = self.input_quant()
             if quant is not None:
                 setattr(target, INPUTS_QUANT_NAME, InputQuantizer(quant))
@@ -205,13 +260,9 @@ class QATQuantizer:
 
     def _check_prepared(self, model: nn.Module, existing: Mapping[str, QATWrapper]) -> None:
         """Refuse a model prepared with another recipe; re-attach a lost input hook."""
-        for name, wrapper in existing.items():  # plan on the unwrapped structure
-            _set_child(model, name, wrapper.wrapped)
-        try:
-            planned = self.plan(model)
-        finally:
-            for name, wrapper in existing.items():
-                _set_child(model, name, wrapper)
+        plain = copy.deepcopy(model)  # plan on the unwrapped structure
+        unprepare(plain)
+        planned = self.plan(plain)
         wanted = {name: w.signature() for name, w in planned.items()}
         have = {name: w.signature() for name, w in existing.items()}
         has_input = isinstance(getattr(model, INPUTS_QUANT_NAME, None), InputQuantizer)
@@ -232,17 +283,28 @@ class QuantAwareTrainRangeLinearQuantizer(QATQuantizer):
 
     Outputs of ReLU-family, element-wise and parameter layers with bits_activations are
     fake-quantized (what the post-training quantizer quantizes); the model input too when
-    quantize_inputs (at num_bits_inputs, default bits_activations).
+    quantize_inputs (at num_bits_inputs, default bits_activations). With fold_batchnorm (the
+    default) a conv / linear -> batch norm -> ReLU chain trains as the int8 model computes it:
+    the folded weight is fake-quantized and only the chain's output (qat_fold.py); false keeps
+    Distiller's form (the layer's output quantized before its batch norm). reduce_range trains
+    7-bit activations, for int8 kernels that saturate 8 bits (CPUs without VNNI).
     """
 
     class_name = "QuantAwareTrainRangeLinearQuantizer"
-    extra_keys = ("ema_decay", "num_bits_inputs")
-    settings_keys = (*QATQuantizer.settings_keys, "mode", "per_channel_wts", "quantize_inputs")
+    extra_keys = ("ema_decay", "num_bits_inputs", "fold_batchnorm")
+    # what a recipe saved before fold_batchnorm existed meant
+    recipe_defaults: ClassVar[dict[str, Any]] = {"fold_batchnorm": False}
+    settings_keys = (*QATQuantizer.settings_keys, "mode", "per_channel_wts", "quantize_inputs",
+                     "reduce_range")
     override_keys = (*QATQuantizer.override_keys, "mode", "per_channel_wts")
 
     def __init__(self, settings: QuantSettings, ema_decay: float = DEFAULT_EMA_DECAY,
-                 num_bits_inputs: int | None = None) -> None:
+                 num_bits_inputs: int | None = None, fold_batchnorm: bool = True) -> None:
         super().__init__(settings)
+        if not isinstance(fold_batchnorm, bool):
+            raise QuantizationError(f"fold_batchnorm must be true or false, got "
+                                    f"{shown(fold_batchnorm)}; write fold_batchnorm: true")
+        self.fold_batchnorm = fold_batchnorm
         if (isinstance(ema_decay, bool) or not isinstance(ema_decay, numbers.Real)
                 or not 0 < ema_decay < 1):
             raise QuantizationError(f"ema_decay must be a number in (0, 1), got "
@@ -252,8 +314,33 @@ class QuantAwareTrainRangeLinearQuantizer(QATQuantizer):
                                 else check_bits(num_bits_inputs, "num_bits_inputs"))
 
     def extra_args(self) -> dict[str, Any]:
-        """ema_decay and num_bits_inputs."""
-        return {"ema_decay": self.ema_decay, "num_bits_inputs": self.num_bits_inputs}
+        """ema_decay, num_bits_inputs and fold_batchnorm."""
+        return {"ema_decay": self.ema_decay, "num_bits_inputs": self.num_bits_inputs,
+                "fold_batchnorm": self.fold_batchnorm}
+
+    def plan(self, model: nn.Module) -> dict[str, QATWrapper]:
+        """The base plan, with each wrapped layer's batch norm folded and ReLU fused."""
+        planned = super().plan(model)
+        if not self.fold_batchnorm:
+            return planned
+        modules = dict(model.named_modules())
+        graph, fusions = _traced(model)
+        if graph is not None:  # as int8: only what the graph calls (a Linear whose weight a
+            # parent reads itself, and aux heads evaluation never runs, stay float)
+            called = {str(node.target) for node in graph.nodes if node.op == "call_module"}
+            planned = {name: w for name, w in planned.items() if name in called}
+        fusions = [f for f in fusions if type(planned.get(f.layer)) is QATWrapper]
+        for fusion in fusions:
+            base = planned[fusion.layer]
+            if fusion.activation is not None:
+                planned.pop(fusion.activation, None)  # quantized by the layer, after it
+            norm = (FoldedBatchNorm(modules[fusion.batchnorm])
+                    if fusion.batchnorm is not None else None)
+            activation = modules[fusion.activation] if fusion.activation is not None else None
+            planned[fusion.layer] = FusedQATWrapper(base, fusion, norm, activation)
+        if graph is not None:
+            _set_input_grids(model, graph, planned, resolve_layers(model, self.settings), fusions)
+        return planned
 
     def weight_quant(self, num_bits: int, layer: LayerSettings) -> nn.Module:
         """Range-linear from the tensor's own range."""
@@ -266,7 +353,11 @@ class QuantAwareTrainRangeLinearQuantizer(QATQuantizer):
 
     def input_quant(self) -> FakeLinearQuantization | None:
         """The model input at num_bits_inputs (default bits_activations)."""
+        if self.fold_batchnorm:  # each layer quantizes its own inputs, as the int8 model does
+            return None
         bits = self.num_bits_inputs or self.settings.bits_activations
+        if self.settings.reduce_range:
+            bits = reduced_bits(bits)
         if not self.settings.quantize_inputs or bits is None:
             return None
         return FakeLinearQuantization(bits, self.settings.mode.activations, self.ema_decay)
@@ -326,11 +417,10 @@ def qat_to_float(model: nn.Module) -> tuple[nn.Module, dict[str, Any]]:
         for param_name, value in wrapper.effective_params().items():
             getattr(wrapper.wrapped, param_name).copy_(value)
         layer = _layer_stats(wrapper)
-        if layer is not None:
-            stats[name] = layer
-        _set_child(plain, name, wrapper.wrapped)
-    for key in _input_hooks(plain):
-        del plain._forward_pre_hooks[key]
-    if isinstance(getattr(plain, INPUTS_QUANT_NAME, None), InputQuantizer):
-        delattr(plain, INPUTS_QUANT_NAME)
-    return plain, stats
+        if layer is None:
+            continue
+        stats[name] = layer
+        if isinstance(wrapper, FusedQATWrapper):  # the chain's output, at its last module too
+            end = wrapper.fusion.activation or wrapper.fusion.batchnorm or name
+            stats[end] = {"inputs": {}, "output": layer["output"]}
+    return unprepare(plain), stats

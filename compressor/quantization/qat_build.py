@@ -82,7 +82,7 @@ def qat_from_recipe(model: nn.Module, recipe: Mapping[str, Any]) -> nn.Module:
     _check_keys(args, cls.extra_keys, where, cls.class_name)
     settings = QuantSettings.from_recipe(recipe["settings"])
     try:
-        quantizer = cls(settings, **args)
+        quantizer = cls(settings, **{**cls.recipe_defaults, **args})
     except QuantizationError as exc:
         raise QuantizationError(f"{where}: {exc}") from None
     quantizer.prepare(model)

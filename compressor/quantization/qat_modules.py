@@ -22,7 +22,8 @@ from compressor.quantization.range_linear import (
 )
 
 __all__ = ["DEFAULT_EMA_DECAY", "update_ema", "range_qparams", "RangeTracker",
-           "FakeLinearQuantization", "LinearWeightQuant", "QATWrapper", "InputQuantizer"]
+           "FakeLinearQuantization", "LinearWeightQuant", "InputGrid", "QATWrapper",
+           "InputQuantizer"]
 
 DEFAULT_EMA_DECAY = 0.999  # Distiller's default
 
@@ -99,6 +100,10 @@ class FakeLinearQuantization(nn.Module):
         """x on the grid of the tracked range (tracking only counts while `active`)."""
         if self.training:
             self.tracker.update(x, active)
+        return self.on_grid(x)
+
+    def on_grid(self, x: Tensor) -> Tensor:
+        """x on the grid of the tracked range as it is now (nothing tracked)."""
         low, high = self.clip_range()
         scale, zero_point = range_qparams(low, high, self.num_bits, self.mode)
         return fake_quantize_ste(x, scale, zero_point, self.num_bits, self.mode, (low, high))
@@ -139,6 +144,34 @@ class LinearWeightQuant(nn.Module):
         return LinearQuantizeSTE.apply(weight, scale, zero_point, qmin, qmax, True)
 
 
+class InputGrid:
+    """The grid one input of a layer is quantized to in the int8 model: its producer's output
+    grid (pooling or a flatten in between leaves values off it), or, with no quantized
+    producer, the grid of the input's own tracked range. Holds references, not modules: the
+    quantizers and trackers belong to the wrappers that own them."""
+
+    def __init__(self, producer: FakeLinearQuantization | None = None,
+                 own: tuple[RangeTracker, int, LinearQuantMode] | None = None) -> None:
+        self.producer, self.own = producer, own
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """`x` fake-quantized on the grid."""
+        if self.producer is not None:
+            return self.producer.on_grid(x)
+        assert self.own is not None
+        tracker, num_bits, mode = self.own
+        low, high = tracker.range()
+        if mode.symmetric:
+            edge = torch.maximum(low.abs(), high.abs())
+            low, high = -edge, edge
+        scale, zero_point = range_qparams(low, high, num_bits, mode)
+        return fake_quantize_ste(x, scale, zero_point, num_bits, mode, (low, high))
+
+    def __repr__(self) -> str:
+        """Which grid."""
+        return "InputGrid(producer)" if self.producer is not None else "InputGrid(own range)"
+
+
 class QATWrapper(nn.Module):
     """A module whose weight / bias / output are fake-quantized while `enabled`.
 
@@ -156,6 +189,26 @@ class QATWrapper(nn.Module):
         self.input_ranges = nn.ModuleList(RangeTracker(ema_decay) for _ in range(num_inputs))
         self.output_range = RangeTracker(ema_decay) if output_quant is None else None
         self.register_buffer("enabled", torch.ones((), dtype=torch.bool))
+        # the grids inputs are quantized to, as in the int8 model (set by the quantizer's plan)
+        self.input_grids: list[InputGrid | None] = []
+
+    def quantize_inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Track the inputs' ranges (training), then put them on their grids while enabled."""
+        active = self.enabled
+        if self.training:
+            # measured before the module runs: in-place modules overwrite their input
+            for tracker, value in zip(self.input_ranges, inputs, strict=False):
+                if isinstance(value, Tensor) and value.is_floating_point() and value.numel():
+                    tracker.update(value, active)
+        if not self.input_grids:
+            return inputs
+        gridded = []
+        for index, value in enumerate(inputs):
+            grid = self.input_grids[index] if index < len(self.input_grids) else None
+            if grid is not None and isinstance(value, Tensor) and value.is_floating_point():
+                value = torch.where(active, grid(value), value)
+            gridded.append(value)
+        return tuple(gridded)
 
     def signature(self) -> str:
         """What the wrapper does, to compare with a plan (parameters' values left out)."""
@@ -176,11 +229,7 @@ class QATWrapper(nn.Module):
     def forward(self, *inputs: Any) -> Any:
         """The wrapped module on fake-quantized parameters, its output fake-quantized."""
         active = self.enabled
-        if self.training:
-            # measured before the module runs: in-place modules overwrite their input
-            for tracker, value in zip(self.input_ranges, inputs, strict=False):
-                if isinstance(value, Tensor) and value.is_floating_point() and value.numel():
-                    tracker.update(value, active)
+        inputs = self.quantize_inputs(inputs)
         params = self.effective_params()
         out = functional_call(self.wrapped, params, inputs) if params else self.wrapped(*inputs)
         if self.output_quant is not None:

@@ -1,0 +1,174 @@
+"""Quantization-aware training of the graph int8 deploys: batch norms folded, ReLUs fused.
+
+Post-training quantization folds each batch norm into the conv / linear layer before it and
+fuses the ReLU after it (fusion.py), so the int8 model quantizes the folded weight and only the
+chain's last output. `FusedQATWrapper` trains exactly that: the weight it fake-quantizes is the
+folded one, `w * gamma / sqrt(running_var + eps)`, and the output it fake-quantizes is the one
+after the batch norm and the ReLU. While training, the batch norm still normalises with the
+batch's statistics (and updates its running ones): the layer computes with the folded quantized
+weight, divides the fold back out and normalises, which in eval equals the folded layer of the
+int8 model (Jacob et al., arXiv:1712.05877, section 3.2; torch.ao's ConvBn2d does the same).
+
+The batch norm stays at its own name as a `FoldedBatchNorm`, which passes its input through and
+keeps its parameters and running statistics (the same tensors: optimizers, schedules and
+checkpoints see the names they knew); the fused ReLU is replaced by nn.Identity and runs inside
+the wrapper. `unfuse` puts both back.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+
+from compressor.quantization.fusion import Fusion
+from compressor.quantization.qat_modules import QATWrapper
+
+__all__ = ["FoldedBatchNorm", "FusedQATWrapper", "fold_factor"]
+
+_NormKind = type[nn.modules.batchnorm._BatchNorm]
+
+
+class FoldedBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """A batch norm folded into the layer before it: passes its input through, keeps its state.
+
+    Built from the batch norm it replaces with the same parameter and buffer tensors; the layer's
+    `FusedQATWrapper` applies it (`normalize`).
+    """
+
+    def __init__(self, norm: nn.modules.batchnorm._BatchNorm) -> None:
+        super().__init__(norm.num_features, norm.eps, norm.momentum, norm.affine,
+                         norm.track_running_stats)
+        self.plain_kind: _NormKind = type(norm)
+        for name, param in norm.named_parameters(recurse=False):
+            setattr(self, name, param)
+        for name, buffer in norm.named_buffers(recurse=False):
+            self._buffers[name] = buffer
+        self.train(norm.training)
+
+    def _check_input_dim(self, input: Tensor) -> None:  # noqa: A002 - torch's signature
+        """Any input: the wrapper checked it."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        """`x` unchanged: the layer before has applied the batch norm."""
+        return x
+
+    def normalize(self, x: Tensor) -> Tensor:
+        """The batch norm itself (batch statistics in training, running ones in eval)."""
+        return nn.modules.batchnorm._BatchNorm.forward(self, x)
+
+    def plain(self) -> nn.modules.batchnorm._BatchNorm:
+        """The batch norm it stands for, with the same tensors."""
+        norm = self.plain_kind(self.num_features, self.eps, self.momentum, self.affine,
+                               self.track_running_stats)
+        for name, param in self.named_parameters(recurse=False):
+            setattr(norm, name, param)
+        for name, buffer in self.named_buffers(recurse=False):
+            norm._buffers[name] = buffer
+        return norm.train(self.training)
+
+
+def fold_factor(norm: nn.modules.batchnorm._BatchNorm) -> Tensor:
+    """gamma / sqrt(running_var + eps) per channel, as torch's fuse_conv_bn_eval computes it."""
+    factor = torch.rsqrt(norm.running_var + norm.eps)
+    return norm.weight * factor if norm.affine else factor
+
+
+def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
+    """Replace the submodule called `name`."""
+    parent_name, _, child = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
+
+
+class FusedQATWrapper(QATWrapper):
+    """A QAT wrapper of a conv / linear layer with its batch norm folded and its ReLU fused.
+
+    The folded batch norm is held by reference (it stays registered at its own name); the
+    activation is a child of the wrapper. Outputs are fake-quantized after both.
+    """
+
+    def __init__(self, base: QATWrapper, fusion: Fusion,
+                 norm: FoldedBatchNorm | None, activation: nn.Module | None) -> None:
+        super().__init__(base.wrapped, base.weight_quant, base.bias_quant, base.output_quant,
+                         len(base.input_ranges), base.input_ranges[0].ema_decay)
+        self.fusion = fusion
+        object.__setattr__(self, "folded_norm", norm)  # not a child: it keeps its own name
+        self.activation = activation
+
+    def signature(self) -> str:
+        """The base signature and what is fused."""
+        return (f"{super().signature()} fused({self.fusion.batchnorm}, "
+                f"{self.fusion.activation})")
+
+    def install(self, model: nn.Module) -> None:
+        """Put the folded batch norm and an identity at their names in `model`."""
+        if self.fusion.batchnorm is not None and self.folded_norm is not None:
+            _set_child(model, self.fusion.batchnorm, self.folded_norm)
+        if self.fusion.activation is not None:
+            _set_child(model, self.fusion.activation, nn.Identity())
+
+    def uninstall(self, model: nn.Module) -> None:
+        """Put the plain batch norm and the activation back at their names."""
+        if self.fusion.batchnorm is not None and self.folded_norm is not None:
+            _set_child(model, self.fusion.batchnorm, self.folded_norm.plain())
+        if self.fusion.activation is not None and self.activation is not None:
+            _set_child(model, self.fusion.activation, self.activation)
+
+    def _shape(self, factor: Tensor, dims: int) -> Tensor:
+        """A per-channel factor shaped to broadcast over channel dimension 1 of `dims` dims."""
+        return factor.reshape((1, -1) + (1,) * (dims - 2))
+
+    def _folded_weight(self) -> tuple[Tensor, Tensor | None]:
+        """(weight the layer computes with, fold factor or None); fake-quantized while enabled.
+
+        The factor is the one to divide the fold back out by: 1 where gamma is 0 (the folded
+        weight is 0 there, and so is what the batch norm makes of it), and 1 everywhere while
+        disabled, so that the layer then computes exactly as the float one."""
+        weight = self.wrapped.weight
+        factor = None
+        if self.folded_norm is not None:
+            factor = torch.where(self.enabled, fold_factor(self.folded_norm), 1.0)
+            weight = weight * factor.reshape((-1,) + (1,) * (weight.dim() - 1))
+            factor = torch.where(factor == 0, torch.ones_like(factor), factor)
+        if self.weight_quant is not None:
+            weight = torch.where(self.enabled, self.weight_quant(weight), weight)
+        return weight, factor
+
+
+    def effective_params(self) -> dict[str, Tensor]:
+        """The plain layer's weight and bias: the folded quantized weight with the fold divided
+        back out (folding it again, as int8 conversion does, gives the quantized weight)."""
+        params = super().effective_params()
+        weight, factor = self._folded_weight()
+        if factor is not None:
+            weight = weight / factor.reshape((-1,) + (1,) * (weight.dim() - 1))
+        params["weight"] = weight
+        return params
+
+    def forward(self, *inputs: Any) -> Any:
+        """Layer with the folded quantized weight, batch norm, activation, output quant."""
+        active = self.enabled
+        inputs = self.quantize_inputs(inputs)
+        weight, factor = self._folded_weight()
+        params = {"weight": weight}
+        bias = getattr(self.wrapped, "bias", None)
+        if factor is not None and isinstance(bias, Tensor):
+            params["bias"] = torch.zeros_like(bias)  # added after the fold is divided out
+        elif isinstance(bias, Tensor) and self.bias_quant is not None:
+            params["bias"] = torch.where(active, self.bias_quant(bias), bias)
+        out = functional_call(self.wrapped, params, inputs)
+        if factor is not None:
+            out = out / self._shape(factor, out.dim())
+            if isinstance(bias, Tensor):
+                quantized = self.bias_quant(bias) if self.bias_quant is not None else bias
+                out = out + self._shape(torch.where(active, quantized, bias), out.dim())
+            out = self.folded_norm.normalize(out)
+        if self.activation is not None:
+            out = self.activation(out)
+        if self.output_quant is not None:
+            return torch.where(active, self.output_quant(out, active), out)
+        if self.training and self.output_range is not None and out.numel():
+            self.output_range.update(out, active)
+        return out
