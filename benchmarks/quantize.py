@@ -1,11 +1,16 @@
-"""Quantization on real Fashion-MNIST: fp32 vs PTQ, QAT, PACT, DoReFa and sparse + int8.
+"""Quantization on real Fashion-MNIST: fp32 vs PTQ, QAT, PACT, DoReFa and sparse + int8, with
+the anchors a user would pick instead (torch.ao FX x86 PTQ; NNCF + OpenVINO when installed).
 
 Every configuration is a real `compress_classifier.py` run: the fp32 model is trained, the
 post-training rows are `-e --qe ...` evaluations of its checkpoint, the quantization-aware rows
 fine-tune it with a Distiller-style YAML (written into the output directory) through
-`--compress`, and AGP 80% fine-tunes it pruned before quantizing it. Afterwards each final
-model is rebuilt from its checkpoint alone and timed on the CPU in interleaved rounds (batch 1
-and 32, one thread and all threads), so every ratio is measured side by side in one run.
+`--compress`, and AGP 80% fine-tunes it pruned before quantizing it. The anchors quantize the
+same fp32 checkpoint on the same calibration images (benchmarks/quant_anchors.py). Afterwards
+each final model is rebuilt from its checkpoint alone and timed on the CPU in interleaved
+rounds (batch 1 and 32, one thread and all threads), so every ratio is measured side by side in
+one run; every int8 row also gives its top-1 agreement with its own simulation on the test set.
+Families: a plain CNN, a ResNet, a depthwise network with functional residual adds
+(MobileNetV2) and a concatenating one (DenseNet-BC).
 
     python benchmarks/quantize.py /usr/share/datasets/fashion-mnist \
         --epochs 6 --ft-epochs 2 --etrs 0.25 --out /tmp/fmnist-quant
@@ -37,10 +42,21 @@ from benchmarks.common_measure import (  # noqa: E402
     run_cli_logged,
     stored_weights_size,
 )
+from benchmarks.quant_anchors import (  # noqa: E402
+    agreement,
+    calibration_images,
+    fx_x86_ptq,
+    nncf_openvino_ptq,
+    predictions,
+    test_loader,
+    top1_of,
+)
 from compressor.assembly.setup import load_model  # noqa: E402
 from compressor.models import create_model  # noqa: E402
+from compressor.models.description import stored_form  # noqa: E402
 
-ARCHS = ("simplenet_mnist", "resnet20_cifar")
+ARCHS = ("simplenet_mnist", "resnet20_cifar", "mobilenet_v2_050_cifar", "densenet_bc_40_cifar")
+SEED = 0  # every run's and every anchor's splits, subsets and calibration images
 QUANTIZED_CHECKPOINT = "quantized_checkpoint.pth.tar"
 LATENCY_SETTINGS = ((1, "one"), (32, "one"), (1, "all"), (32, "all"))  # (batch, threads)
 
@@ -177,7 +193,7 @@ def final_checkpoint(run_dir: Path) -> Path:
 def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Path]:
     """Make (or reuse) every configuration's run directory of one arch; name -> run dir."""
     data = ("--dataset", "fashion-mnist", args.data, "-j", str(args.workers), "--etes",
-            str(args.etes), "-p", "0", "--deterministic", "-o", str(out))
+            str(args.etes), "-p", "0", "--deterministic", "--seed", str(SEED), "-o", str(out))
     train = ("-a", arch, "-b", str(args.batch_size), "--wd", "1e-4", "--etrs", str(args.etrs))
     log = out / "runs.log"
     last = _edge_layers(arch)[1]
@@ -230,11 +246,57 @@ def _kernels(results: dict[str, Any]) -> str:
     return "simulated" if "quantization" in recipe_kinds else "float"
 
 
-def measure_latencies(runs: dict[str, Path], rounds: int, min_ms: float
+@dataclass(frozen=True)
+class Anchor:
+    """A peer's quantized model of the fp32 checkpoint, with its test top-1."""
+
+    label: str
+    model: torch.nn.Module
+    top1: float
+    calibration_s: float
+
+
+def measure_anchors(args: argparse.Namespace, runs: dict[str, Path]
+                    ) -> tuple[dict[str, Anchor], list[str]]:
+    """The anchors of the fp32 run's checkpoint, and lines saying which are missing."""
+    checkpoint = runs["fp32"] / "checkpoint.pth.tar"
+    images = calibration_images(checkpoint, args.data, args.calibration, args.batch_size, SEED)
+    loader = test_loader(checkpoint, args.data, args.etes, SEED)
+    anchors, missing = {}, []
+    fx, seconds = fx_x86_ptq(checkpoint, images)
+    anchors["fx"] = Anchor("torch.ao FX x86 PTQ 8/8 (anchor)", fx,
+                           top1_of(predictions(fx, loader), loader), seconds)
+    found = nncf_openvino_ptq(checkpoint, images)
+    if isinstance(found, str):
+        missing.append(f"NNCF + OpenVINO: {found}")
+    else:
+        model, seconds = found
+        anchors["nncf"] = Anchor("NNCF + OpenVINO PTQ 8/8 (anchor)", model,
+                                 top1_of(predictions(model, loader), loader), seconds)
+    return anchors, missing
+
+
+def int8_agreements(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, float]:
+    """For every run with int8 kernels: its top-1 agreement (%) with its own simulation."""
+    loader = test_loader(runs["fp32"] / "checkpoint.pth.tar", args.data, args.etes, SEED)
+    found = {}
+    for name, run_dir in runs.items():
+        if _kernels(_results(run_dir)) != "int8":
+            continue
+        int8 = load_model(final_checkpoint(run_dir)).eval()
+        simulated = stored_form(int8).eval()
+        found[name] = agreement(predictions(int8, loader), predictions(simulated, loader))
+    return found
+
+
+def measure_latencies(runs: dict[str, Path], rounds: int, min_ms: float,
+                      extra: dict[str, torch.nn.Module] | None = None
                       ) -> dict[tuple[int, str], dict[str, float]]:
-    """Median ms per batch of every run's rebuilt model, for each (batch, threads) setting."""
+    """Median ms per batch of every run's rebuilt model (and `extra` models), for each
+    (batch, threads) setting."""
     models = {name: load_model(final_checkpoint(run_dir)).eval()
               for name, run_dir in runs.items()}
+    models.update(extra or {})
     threads = {"one": 1, "all": os.cpu_count() or 1}
     return {(batch, which): interleaved_latency(models, batch, threads[which], rounds, min_ms)
             for batch, which in LATENCY_SETTINGS}
@@ -248,9 +310,10 @@ def _ms(value: float) -> str:
     return f"{value:.2f}ms"
 
 
-def table(arch: str, runs: dict[str, Path],
-          latency: dict[tuple[int, str], dict[str, float]]) -> str:
-    """One row per configuration: top-1, drop, kernels, file sizes, latencies, calibration."""
+def table(arch: str, runs: dict[str, Path], latency: dict[tuple[int, str], dict[str, float]],
+          anchors: dict[str, Anchor], agreements: dict[str, float]) -> str:
+    """One row per configuration and anchor: top-1, drop, kernels, int8 = simulation, file
+    sizes, latencies, calibration."""
     results = {name: _results(run_dir) for name, run_dir in runs.items()}
     sizes = {name: stored_weights_size(final_checkpoint(run_dir))
              for name, run_dir in runs.items()}
@@ -264,13 +327,22 @@ def table(arch: str, runs: dict[str, Path],
             "*" if baseline != "fp32" else "")
         rows.append([
             f"{arch} {configs[name].label}", f"{top1:.2f}", drop,
-            _kernels(result), ratio_cell(sizes[name][0], base_file, _kib),
+            _kernels(result),
+            f"{agreements[name]:.2f}%" if name in agreements else "",
+            ratio_cell(sizes[name][0], base_file, _kib),
             ratio_cell(sizes[name][1], base_zlib, _kib),
             *(ratio_cell(latency[key][name], latency[key]["fp32"], _ms)
               for key in LATENCY_SETTINGS),
             _calibration(result)])
+    for name, anchor in anchors.items():
+        rows.append([
+            f"{arch} {anchor.label}", f"{anchor.top1:.2f}",
+            f"{anchor.top1 - _top1(results['fp32']):+.2f}", "int8", "", "", "",
+            *(ratio_cell(latency[key][name], latency[key]["fp32"], _ms)
+              for key in LATENCY_SETTINGS),
+            f"{anchor.calibration_s:.1f}s"])
     all_threads = os.cpu_count() or 1
-    headers = ["model", "top-1 %", "vs fp32", "kernels", "file", "zlib file",
+    headers = ["model", "top-1 %", "vs fp32", "kernels", "int8 = sim", "file", "zlib file",
                *(f"b={batch} {1 if which == 'one' else all_threads}T"
                  for batch, which in LATENCY_SETTINGS), "calibration"]
     return tabulate(rows, headers=headers, tablefmt="github")
@@ -307,11 +379,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tables = []
+    tables, notes = [], set()
     for arch in args.archs:
         runs = run_configs(args, arch, out)
-        latency = measure_latencies(runs, args.rounds, args.min_ms)
-        tables.append(table(arch, runs, latency))
+        anchors, missing = measure_anchors(args, runs)
+        notes.update(missing)
+        agreements = int8_agreements(runs, args)
+        latency = measure_latencies(runs, args.rounds, args.min_ms,
+                                    {name: anchor.model for name, anchor in anchors.items()})
+        tables.append(table(arch, runs, latency, anchors, agreements))
         print(tables[-1], flush=True)
     settings = ("* vs the fp32 control fine-tuned alike (same epochs and LR, no compression). "
                 f"fp32: {args.epochs} epochs at lr {args.lr}; fine-tunes: {args.ft_epochs} "
@@ -319,7 +395,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                 f"{args.etes}, batch {args.batch_size}; PTQ calibration on {args.calibration} of "
                 f"the training split; latency: median of {args.rounds} interleaved rounds of >= "
                 f"{args.min_ms:g} ms, torch {torch.__version__}, {os.cpu_count()} CPU threads; "
-                "ratios to fp32 with absolute figures in brackets")
+                "ratios to fp32 with absolute figures in brackets; int8 = sim: top-1 agreement "
+                "of the int8 model with its simulation on the test set; anchors quantize the "
+                "fp32 checkpoint on the same calibration images" + "".join(
+                    f"; {note}" for note in sorted(notes)))
     report = "\n\n".join(tables) + f"\n\n{settings}\n"
     (out / "table.md").write_text(report)
     print(f"\n{settings}\nwritten to {out / 'table.md'}")

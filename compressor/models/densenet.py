@@ -20,7 +20,7 @@ from compressor.utils.input_spec import InputSpec
 
 __all__ = ["densenet_bc"]
 
-DATASETS = ("cifar10", "cifar100", "imagenet")
+DATASETS = ("cifar10", "cifar100", "imagenet", "mnist", "fashion-mnist")
 CHECKPOINT_BLOCKS = ("_DenseLayer",)
 
 
@@ -63,5 +63,6 @@ def _register(depth: int, growth_rate: int) -> None:
                            small_inputs=small_inputs, drop_rate=drop_rate)
 
 
+_register(40, 12)
 _register(100, 12)
 _register(250, 24)

@@ -228,13 +228,13 @@ class _Running:
             return
         # one value per sample: per-batch min / max instead (as Distiller)
         dim = 0 if act.shape[1] == 1 else 1
-        mins, maxes = act.min(dim=dim).values, act.max(dim=dim).values
+        mins, maxes = torch.aminmax(act, dim=dim)
         low, high = mins.min(), maxes.max()
         self.low = low if self.low is None else torch.minimum(self.low, low)
         self.high = high if self.high is None else torch.maximum(self.high, high)
         self._add(0, mins.sum(dtype=torch.float64))
         self._add(1, maxes.sum(dtype=torch.float64))
-        self._add(2, act.sum(dtype=torch.float64))
+        self._add(2, _row_sums(act))
         self.units += mins.numel()
         self.numel += act.numel()
         self.shape = self.shape or _shape_text(tensor)
@@ -250,8 +250,10 @@ class _Running:
         if act.numel() == 0 or self.mean is None:
             return
         deviation = act - self.mean.to(device=act.device, dtype=act.dtype)
-        self._add(3, (deviation * deviation).sum(dtype=torch.float64))
-        self._add(4, deviation.abs().sum(dtype=torch.float64))
+        # per row in float32 without temporaries, then the rows in float64
+        self._add(4, torch.linalg.vector_norm(deviation, 1, dim=1).sum(dtype=torch.float64))
+        self._add(3, torch.linalg.vector_norm(deviation, 2, dim=1).square().sum(
+            dtype=torch.float64))
         self.numel_second += act.numel()
 
     def _add(self, slot: int, value: Tensor) -> None:
@@ -271,6 +273,12 @@ class _Running:
             "std": math.sqrt(float(self.sums[3]) / second), "b": float(self.sums[4]) / second,
             "shape": self.shape,
         }
+
+
+def _row_sums(rows: Tensor) -> Tensor:
+    """The sum of a (samples, values) tensor: each row summed in float32 (vectorized, torch's
+    cascade summation keeps it accurate), the rows' sums added in float64."""
+    return rows.sum(dim=1, dtype=torch.float32).sum(dtype=torch.float64)
 
 
 def _rows(tensor: Tensor) -> Tensor:

@@ -1,0 +1,117 @@
+"""What a user would pick instead of our quantizer, on the same checkpoint and the same
+calibration images: torch.ao's FX graph mode PTQ (x86 engine), and NNCF + OpenVINO when they
+are installed (optional: `pip install nncf openvino`). Also the agreement of two models'
+top-1 on a test set (an int8 model against its simulation)."""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from torch.utils.data import DataLoader
+
+from compressor.assembly.setup import load_model
+from compressor.data.load import load_calibration_dataset, load_test_dataset
+from compressor.models.description import describe, description_of
+from compressor.quantization.post_train import calibration_batches
+
+__all__ = ["calibration_images", "test_loader", "fx_x86_ptq", "nncf_openvino_ptq",
+           "OpenVinoModel", "predictions", "top1_of", "agreement"]
+
+
+def calibration_images(checkpoint: Path, data: str, fraction: float, batch_size: int,
+                       seed: int) -> list[Tensor]:
+    """The images our PTQ calibrates on for this checkpoint (same split, fraction, seed)."""
+    model = load_model(checkpoint)
+    spec = description_of(model).input_spec
+    dataset = load_calibration_dataset("fashion-mnist", data, spec, seed=seed)
+    return [images for images, _ in calibration_batches(dataset, fraction, batch_size, seed)]
+
+
+def test_loader(checkpoint: Path, data: str, fraction: float, seed: int) -> DataLoader:
+    """The test split at the checkpoint's input spec, as the CLI evaluates it."""
+    spec = description_of(load_model(checkpoint)).input_spec
+    test = load_test_dataset("fashion-mnist", data, spec, effective_test_size=fraction,
+                             seed=seed).test
+    return DataLoader(test, batch_size=256, shuffle=False, num_workers=0)
+
+
+def fx_x86_ptq(checkpoint: Path, images: Iterable[Tensor]) -> tuple[nn.Module, float]:
+    """torch.ao FX PTQ with its default x86 qconfig mapping; (int8 model, calibration s)."""
+    from torch.ao.quantization import get_default_qconfig_mapping
+    from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
+
+    float_model = load_model(checkpoint).eval()
+    description = description_of(float_model)
+    torch.backends.quantized.engine = "x86"
+    images = list(images)
+    started = time.perf_counter()
+    with warnings.catch_warnings():  # torch.ao's own deprecation notices: the anchor as it is
+        warnings.simplefilter("ignore")
+        prepared = prepare_fx(copy.deepcopy(float_model), get_default_qconfig_mapping("x86"),
+                              example_inputs=(images[0][:1],))
+        with torch.no_grad():
+            for batch in images:
+                prepared(batch)
+        quantized = convert_fx(prepared)
+    seconds = time.perf_counter() - started
+    return describe(quantized, description), seconds
+
+
+def nncf_openvino_ptq(checkpoint: Path, images: Iterable[Tensor]
+                      ) -> tuple[nn.Module, float] | str:
+    """NNCF's PTQ of the checkpoint compiled by OpenVINO, as a module; (model, seconds), or the
+    reason as a string when nncf or openvino is not installed."""
+    try:
+        import nncf
+        import openvino as ov
+    except ImportError as exc:
+        return f"not installed ({exc.name}): pip install nncf openvino"
+    float_model = load_model(checkpoint).eval()
+    samples = [sample.unsqueeze(0) for batch in images for sample in batch]
+    started = time.perf_counter()
+    dataset = nncf.Dataset(samples, lambda sample: sample.numpy())
+    with torch.no_grad():
+        ov_model = ov.convert_model(float_model, example_input=samples[0])
+    quantized = nncf.quantize(ov_model, dataset, subset_size=len(samples))
+    compiled = ov.Core().compile_model(quantized, "CPU")
+    seconds = time.perf_counter() - started
+    return describe(OpenVinoModel(compiled), description_of(float_model)), seconds
+
+
+class OpenVinoModel(nn.Module):
+    """A compiled OpenVINO model called like a torch classifier (float batch in, logits out)."""
+
+    def __init__(self, compiled: Any) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, batch: Tensor) -> Tensor:
+        """The logits OpenVINO computes for `batch`."""
+        return torch.from_numpy(self.compiled(batch.numpy())[0])
+
+
+def predictions(model: Any, loader: DataLoader) -> Tensor:
+    """The model's top-1 class of every test sample, in order."""
+    chosen = []
+    with torch.inference_mode():
+        for images, _ in loader:
+            chosen.append(model(images).argmax(1))
+    return torch.cat(chosen)
+
+
+def top1_of(predicted: Tensor, loader: DataLoader) -> float:
+    """Top-1 accuracy in percent of `predicted` against the loader's labels."""
+    labels = torch.cat([labels for _, labels in loader])
+    return 100.0 * float((predicted == labels).float().mean())
+
+
+def agreement(first: Tensor, second: Tensor) -> float:
+    """The fraction of samples on which two models' top-1 classes agree, in percent."""
+    return 100.0 * float((first == second).float().mean())
