@@ -84,8 +84,14 @@ PTQ_8_PER_CHANNEL = ("--qe", "--qe-mode", "asym_u", *AVG_CLIP, "--qe-convert-pyt
 PTQ_8_FAST = ("--qe", "--qe-mode-acts", "asym_u", "--qe-mode-wts", "sym", *AVG_CLIP,
               "--qe-convert-pytorch")
 FINE_TUNED = "fp32-ft"  # fine-tuned rows compare with fp32 fine-tuned alike (same epochs, LR)
+# torch.ao's (and the FX anchor's) own recipe: asymmetric activations, symmetric per-channel
+# weights, min/max ranges
+PTQ_8_TORCH_RECIPE = ("--qe", "--qe-mode-acts", "asym_u", "--qe-mode-wts", "sym",
+                      "--qe-per-channel", "--qe-convert-pytorch")
 CONFIGS = (
     Config("fp32", "fp32"),
+    Config("ptq8ao", "PTQ 8/8 asym_u acts, sym per-channel wts (torch.ao's recipe)", "fp32",
+           qe_flags=PTQ_8_TORCH_RECIPE),
     Config("ptq8", "PTQ 8/8 sym, per-tensor", "fp32", qe_flags=PTQ_8_PER_TENSOR),
     Config("ptq8pc", "PTQ 8/8 asym_u, per-channel, AVG clip", "fp32",
            qe_flags=PTQ_8_PER_CHANNEL),
@@ -99,7 +105,7 @@ CONFIGS = (
                      "--qe-bits-wts", "4")),
     Config(FINE_TUNED, "fp32 fine-tuned (control)", "fp32", schedule="fp32ft"),
     Config("qat8", "QAT 8/8 (fine-tuned)", "fp32", schedule="qat8", baseline=FINE_TUNED),
-    # with QAT's tracked ranges (the batch norms it left in float, folded now, calibrated)
+    # with QAT's tracked ranges, no calibration (functional ops QAT did not see: calibrated)
     Config("qat8-int8", "QAT 8/8 -> int8 kernels", "qat8",
            qe_flags=("--qe-convert-pytorch",), baseline=FINE_TUNED, calibrate=False),
     Config("pact4", "PACT a4/w4 (fine-tuned)", "fp32", schedule="pact4", baseline=FINE_TUNED),
@@ -193,7 +199,8 @@ def final_checkpoint(run_dir: Path) -> Path:
 def run_configs(args: argparse.Namespace, arch: str, out: Path) -> dict[str, Path]:
     """Make (or reuse) every configuration's run directory of one arch; name -> run dir."""
     data = ("--dataset", "fashion-mnist", args.data, "-j", str(args.workers), "--etes",
-            str(args.etes), "-p", "0", "--deterministic", "--seed", str(SEED), "-o", str(out))
+            str(args.etes), "--evs", str(args.evs), "-p", "0", "--deterministic", "--seed",
+            str(SEED), "-o", str(out))
     train = ("-a", arch, "-b", str(args.batch_size), "--wd", "1e-4", "--etrs", str(args.etrs))
     log = out / "runs.log"
     last = _edge_layers(arch)[1]
@@ -361,6 +368,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="fine-tuning epochs of the QAT, PACT, DoReFa and AGP rows")
     parser.add_argument("--etrs", type=float, default=1.0, help="fraction of training data")
     parser.add_argument("--etes", type=float, default=1.0, help="fraction of test data")
+    parser.add_argument("--evs", type=float, default=1.0,
+                        help="fraction of the validation split evaluated each epoch")
     parser.add_argument("--calibration", type=float, default=0.05,
                         help="fraction of the training split PTQ collects statistics on")
     parser.add_argument("-b", "--batch-size", type=int, default=128)

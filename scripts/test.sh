@@ -7,4 +7,4 @@ bash scripts/setup_venv.sh
 # the layers of pyproject.toml: an import that points up fails here, naming the import
 .venv/bin/lint-imports --no-cache
 # two workers (pytest-xdist): most tests are CLI subprocesses that wait on imports
-.venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist worksteal "$@"
+.venv/bin/python -m pytest -q -n "${PYTEST_WORKERS:-2}" --dist worksteal --durations=15 "$@"
