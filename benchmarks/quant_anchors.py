@@ -9,45 +9,41 @@ import copy
 import time
 import warnings
 from collections.abc import Iterable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from compressor.assembly.setup import load_model
 from compressor.data.load import load_calibration_dataset, load_test_dataset
 from compressor.models.description import describe, description_of
 from compressor.quantization.post_train import calibration_batches
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["calibration_images", "test_loader", "fx_x86_ptq", "nncf_openvino_ptq",
            "OpenVinoModel", "predictions", "top1_of", "agreement"]
 
 
-def calibration_images(checkpoint: Path, data: str, fraction: float, batch_size: int,
+def calibration_images(spec: InputSpec, data: str, fraction: float, batch_size: int,
                        seed: int) -> list[Tensor]:
-    """The images our PTQ calibrates on for this checkpoint (same split, fraction, seed)."""
-    model = load_model(checkpoint)
-    spec = description_of(model).input_spec
+    """The images our PTQ calibrates on at this input spec (same split, fraction, seed)."""
     dataset = load_calibration_dataset("fashion-mnist", data, spec, seed=seed)
     return [images for images, _ in calibration_batches(dataset, fraction, batch_size, seed)]
 
 
-def test_loader(checkpoint: Path, data: str, fraction: float, seed: int) -> DataLoader:
-    """The test split at the checkpoint's input spec, as the CLI evaluates it."""
-    spec = description_of(load_model(checkpoint)).input_spec
+def test_loader(spec: InputSpec, data: str, fraction: float, seed: int) -> DataLoader:
+    """The test split at this input spec, as the CLI evaluates it."""
     test = load_test_dataset("fashion-mnist", data, spec, effective_test_size=fraction,
                              seed=seed).test
     return DataLoader(test, batch_size=256, shuffle=False, num_workers=0)
 
 
-def fx_x86_ptq(checkpoint: Path, images: Iterable[Tensor]) -> tuple[nn.Module, float]:
-    """torch.ao FX PTQ with its default x86 qconfig mapping; (int8 model, calibration s)."""
+def fx_x86_ptq(float_model: nn.Module, images: Iterable[Tensor]) -> tuple[nn.Module, float]:
+    """torch.ao FX PTQ of a copy of `float_model` with its default x86 qconfig mapping;
+    (int8 model, calibration s)."""
     from torch.ao.quantization import get_default_qconfig_mapping
     from torch.ao.quantization.quantize_fx import convert_fx, prepare_fx
 
-    float_model = load_model(checkpoint).eval()
     description = description_of(float_model)
     torch.backends.quantized.engine = "x86"
     images = list(images)
@@ -64,16 +60,15 @@ def fx_x86_ptq(checkpoint: Path, images: Iterable[Tensor]) -> tuple[nn.Module, f
     return describe(quantized, description), seconds
 
 
-def nncf_openvino_ptq(checkpoint: Path, images: Iterable[Tensor]
+def nncf_openvino_ptq(float_model: nn.Module, images: Iterable[Tensor]
                       ) -> tuple[nn.Module, float] | str:
-    """NNCF's PTQ of the checkpoint compiled by OpenVINO, as a module; (model, seconds), or the
+    """NNCF's PTQ of `float_model` compiled by OpenVINO, as a module; (model, seconds), or the
     reason as a string when nncf or openvino is not installed."""
     try:
         import nncf
         import openvino as ov
     except ImportError as exc:
         return f"not installed ({exc.name}): pip install nncf openvino"
-    float_model = load_model(checkpoint).eval()
     samples = [sample.unsqueeze(0) for batch in images for sample in batch]
     started = time.perf_counter()
     dataset = nncf.Dataset(samples, lambda sample: sample.numpy())

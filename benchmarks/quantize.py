@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 from tabulate import tabulate
+from torch.utils.data import DataLoader
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -53,7 +54,7 @@ from benchmarks.quant_anchors import (  # noqa: E402
 )
 from compressor.assembly.setup import load_model  # noqa: E402
 from compressor.models import create_model  # noqa: E402
-from compressor.models.description import stored_form  # noqa: E402
+from compressor.models.description import description_of, stored_form  # noqa: E402
 
 ARCHS = ("simplenet_mnist", "resnet20_cifar", "mobilenet_v2_050_cifar", "densenet_bc_40_cifar")
 SEED = 0  # every run's and every anchor's splits, subsets and calibration images
@@ -263,17 +264,17 @@ class Anchor:
     calibration_s: float
 
 
-def measure_anchors(args: argparse.Namespace, runs: dict[str, Path]
+def measure_anchors(args: argparse.Namespace, float_model: torch.nn.Module, loader: DataLoader
                     ) -> tuple[dict[str, Anchor], list[str]]:
-    """The anchors of the fp32 run's checkpoint, and lines saying which are missing."""
-    checkpoint = runs["fp32"] / "checkpoint.pth.tar"
-    images = calibration_images(checkpoint, args.data, args.calibration, args.batch_size, SEED)
-    loader = test_loader(checkpoint, args.data, args.etes, SEED)
+    """The anchors of the fp32 run's model, tested on `loader`, and lines saying which are
+    missing."""
+    spec = description_of(float_model).input_spec
+    images = calibration_images(spec, args.data, args.calibration, args.batch_size, SEED)
     anchors, missing = {}, []
-    fx, seconds = fx_x86_ptq(checkpoint, images)
+    fx, seconds = fx_x86_ptq(float_model, images)
     anchors["fx"] = Anchor("torch.ao FX x86 PTQ 8/8 (anchor)", fx,
                            top1_of(predictions(fx, loader), loader), seconds)
-    found = nncf_openvino_ptq(checkpoint, images)
+    found = nncf_openvino_ptq(float_model, images)
     if isinstance(found, str):
         missing.append(f"NNCF + OpenVINO: {found}")
     else:
@@ -283,9 +284,9 @@ def measure_anchors(args: argparse.Namespace, runs: dict[str, Path]
     return anchors, missing
 
 
-def int8_agreements(runs: dict[str, Path], args: argparse.Namespace) -> dict[str, float]:
-    """For every run with int8 kernels: its top-1 agreement (%) with its own simulation."""
-    loader = test_loader(runs["fp32"] / "checkpoint.pth.tar", args.data, args.etes, SEED)
+def int8_agreements(runs: dict[str, Path], loader: DataLoader) -> dict[str, float]:
+    """For every run with int8 kernels: its top-1 agreement (%) with its own simulation on
+    `loader`."""
     found = {}
     for name, run_dir in runs.items():
         if _kernels(_results(run_dir)) != "int8":
@@ -391,9 +392,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     tables, notes = [], set()
     for arch in args.archs:
         runs = run_configs(args, arch, out)
-        anchors, missing = measure_anchors(args, runs)
+        float_model = load_model(runs["fp32"] / "checkpoint.pth.tar").eval()
+        loader = test_loader(description_of(float_model).input_spec, args.data, args.etes, SEED)
+        anchors, missing = measure_anchors(args, float_model, loader)
         notes.update(missing)
-        agreements = int8_agreements(runs, args)
+        agreements = int8_agreements(runs, loader)
         latency = measure_latencies(runs, args.rounds, args.min_ms,
                                     {name: anchor.model for name, anchor in anchors.items()})
         tables.append(table(arch, runs, latency, anchors, agreements))

@@ -28,7 +28,7 @@ from compressor.models.description import (
     description_of,
     unwrap_model,
 )
-from compressor.quantization.errors import QuantizationError
+from compressor.quantization.errors import MissingStatisticsError, QuantizationError
 from compressor.quantization.recipe import QUANTIZATION, int8_model, quantization_kind
 from compressor.training.checkpoint import save_checkpoint
 from compressor.utils.config import LoaderConfig, QuantizeConfig
@@ -174,9 +174,7 @@ def _from_tracked(float_model: nn.Module, settings: Any, tracked: dict[str, Any]
     attempt = describe(copy.deepcopy(float_model), description_of(float_model))
     try:
         simulated = _post_train(attempt, settings, tracked, dynamic=False)
-    except QuantizationError as exc:
-        if "activation statistics lack" not in str(exc):
-            raise
+    except MissingStatisticsError as exc:
         LOG.info("the ranges quantization-aware training tracked are not all it needs (%s); "
                  "calibrating", str(exc).split(";")[0])
         return None

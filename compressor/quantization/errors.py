@@ -8,7 +8,7 @@ from typing import Any
 
 from compressor.utils.errors import CompressorError
 
-__all__ = ["QuantizationError", "shown", "unknown_choice"]
+__all__ = ["QuantizationError", "MissingStatisticsError", "shown", "unknown_choice"]
 
 
 class QuantizationError(CompressorError):
@@ -17,6 +17,11 @@ class QuantizationError(CompressorError):
     def __init__(self, message: str) -> None:
         # one line, whatever the pieces it was built from contained
         super().__init__(" ".join(str(message).split()))
+
+
+class MissingStatisticsError(QuantizationError):
+    """The activation statistics lack a range a quantized layer needs (callers that hold other
+    ranges, such as QAT's conversion, calibrate for it)."""
 
 
 def shown(value: Any, limit: int = 80) -> str:

@@ -20,7 +20,7 @@ import torch.fx
 from torch import Tensor, nn
 
 from compressor.quantization.clipping import stats_range
-from compressor.quantization.errors import QuantizationError, shown
+from compressor.quantization.errors import MissingStatisticsError, QuantizationError, shown
 from compressor.quantization.fusion import (
     Fusion,
     apply_fusions,
@@ -84,14 +84,14 @@ class _Planner:
         """A stats record, or the error naming what is missing."""
         what = "output" if index is None else f"input {index}"
         if self.stats is None:
-            raise QuantizationError(f"activation statistics lack layer '{key}' ({what}); "
-                                    f"{_STATS_FIX}")
+            raise MissingStatisticsError(f"activation statistics lack layer '{key}' ({what}); "
+                                         f"{_STATS_FIX}")
         entry = self.stats.get(key)
         record = None if entry is None else (
             entry.get("output") if index is None else entry.get("inputs", {}).get(index))
         if record is None:
-            raise QuantizationError(f"activation statistics lack layer '{key}' ({what}); "
-                                    f"{_STATS_FIX}")
+            raise MissingStatisticsError(f"activation statistics lack layer '{key}' ({what}); "
+                                         f"{_STATS_FIX}")
         return record
 
     def _qparams(self, spec: TensorQuant, record: Mapping) -> tuple[Tensor, Tensor]:
@@ -120,8 +120,8 @@ class _Planner:
             return max(self.stats[name]["inputs"]) + 1
         if self.stats is None:
             return 2
-        raise QuantizationError(f"activation statistics lack layer '{name}' (inputs); "
-                                f"{_STATS_FIX}")
+        raise MissingStatisticsError(f"activation statistics lack layer '{name}' (inputs); "
+                                     f"{_STATS_FIX}")
 
     def input_plan(self, name: str, index: int, dynamic: bool
                    ) -> tuple[TensorQuant | None, tuple[Tensor, Tensor] | None]:

@@ -76,12 +76,6 @@ def fold_factor(norm: nn.modules.batchnorm._BatchNorm) -> Tensor:
     return norm.weight * factor if norm.affine else factor
 
 
-def _set_child(model: nn.Module, name: str, module: nn.Module) -> None:
-    """Replace the submodule called `name`."""
-    parent_name, _, child = name.rpartition(".")
-    setattr(model.get_submodule(parent_name) if parent_name else model, child, module)
-
-
 class FusedQATWrapper(QATWrapper):
     """A QAT wrapper of a conv / linear layer with its batch norm folded and its ReLU fused.
 
@@ -105,20 +99,26 @@ class FusedQATWrapper(QATWrapper):
     def install(self, model: nn.Module) -> None:
         """Put the folded batch norm and an identity at their names in `model`."""
         if self.fusion.batchnorm is not None and self.folded_norm is not None:
-            _set_child(model, self.fusion.batchnorm, self.folded_norm)
+            model.set_submodule(self.fusion.batchnorm, self.folded_norm)
         if self.fusion.activation is not None:
-            _set_child(model, self.fusion.activation, nn.Identity())
+            model.set_submodule(self.fusion.activation, nn.Identity())
 
     def uninstall(self, model: nn.Module) -> None:
         """Put the plain batch norm and the activation back at their names."""
         if self.fusion.batchnorm is not None and self.folded_norm is not None:
-            _set_child(model, self.fusion.batchnorm, self.folded_norm.plain())
+            model.set_submodule(self.fusion.batchnorm, self.folded_norm.plain())
         if self.fusion.activation is not None and self.activation is not None:
-            _set_child(model, self.fusion.activation, self.activation)
+            model.set_submodule(self.fusion.activation, self.activation)
 
-    def _shape(self, factor: Tensor, dims: int) -> Tensor:
-        """A per-channel factor shaped to broadcast over channel dimension 1 of `dims` dims."""
-        return factor.reshape((1, -1) + (1,) * (dims - 2))
+    @staticmethod
+    def _over_outputs(factor: Tensor, out: Tensor) -> Tensor:
+        """A per-channel factor shaped to broadcast over the channels (dim 1) of `out`."""
+        return factor.reshape((1, -1) + (1,) * (out.dim() - 2))
+
+    @staticmethod
+    def _over_weight(factor: Tensor, weight: Tensor) -> Tensor:
+        """A per-output-channel factor shaped to broadcast over `weight` (dim 0)."""
+        return factor.reshape((-1,) + (1,) * (weight.dim() - 1))
 
     def _folded_weight(self) -> tuple[Tensor, Tensor | None]:
         """(weight the layer computes with, fold factor or None); fake-quantized while enabled.
@@ -130,45 +130,45 @@ class FusedQATWrapper(QATWrapper):
         factor = None
         if self.folded_norm is not None:
             factor = torch.where(self.enabled, fold_factor(self.folded_norm), 1.0)
-            weight = weight * factor.reshape((-1,) + (1,) * (weight.dim() - 1))
+            weight = weight * self._over_weight(factor, weight)
             factor = torch.where(factor == 0, torch.ones_like(factor), factor)
         if self.weight_quant is not None:
             weight = torch.where(self.enabled, self.weight_quant(weight), weight)
         return weight, factor
 
 
+    def _bias(self) -> Tensor | None:
+        """The layer's own bias (fake-quantized while enabled, with a bias quantizer)."""
+        bias = getattr(self.wrapped, "bias", None)
+        if not isinstance(bias, Tensor):
+            return None
+        if self.bias_quant is None:
+            return bias
+        return torch.where(self.enabled, self.bias_quant(bias), bias)
+
     def effective_params(self) -> dict[str, Tensor]:
         """The plain layer's weight and bias: the folded quantized weight with the fold divided
         back out (folding it again, as int8 conversion does, gives the quantized weight)."""
-        params = super().effective_params()
         weight, factor = self._folded_weight()
         if factor is not None:
-            weight = weight / factor.reshape((-1,) + (1,) * (weight.dim() - 1))
-        params["weight"] = weight
-        return params
+            weight = weight / self._over_weight(factor, weight)
+        bias = self._bias()
+        return {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
 
     def forward(self, *inputs: Any) -> Any:
         """Layer with the folded quantized weight, batch norm, activation, output quant."""
-        active = self.enabled
         inputs = self.quantize_inputs(inputs)
         weight, factor = self._folded_weight()
+        bias = self._bias()
         params = {"weight": weight}
-        bias = getattr(self.wrapped, "bias", None)
-        if factor is not None and isinstance(bias, Tensor):
-            params["bias"] = torch.zeros_like(bias)  # added after the fold is divided out
-        elif isinstance(bias, Tensor) and self.bias_quant is not None:
-            params["bias"] = torch.where(active, self.bias_quant(bias), bias)
+        if bias is not None:  # with a fold, added after the fold is divided out
+            params["bias"] = torch.zeros_like(bias) if factor is not None else bias
         out = functional_call(self.wrapped, params, inputs)
         if factor is not None:
-            out = out / self._shape(factor, out.dim())
-            if isinstance(bias, Tensor):
-                quantized = self.bias_quant(bias) if self.bias_quant is not None else bias
-                out = out + self._shape(torch.where(active, quantized, bias), out.dim())
+            out = out / self._over_outputs(factor, out)
+            if bias is not None:
+                out = out + self._over_outputs(bias, out)
             out = self.folded_norm.normalize(out)
         if self.activation is not None:
             out = self.activation(out)
-        if self.output_quant is not None:
-            return torch.where(active, self.output_quant(out, active), out)
-        if self.training and self.output_range is not None and out.numel():
-            self.output_range.update(out, active)
-        return out
+        return self.quantize_output(out)

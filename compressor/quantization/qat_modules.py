@@ -22,8 +22,8 @@ from compressor.quantization.range_linear import (
 )
 
 __all__ = ["DEFAULT_EMA_DECAY", "update_ema", "range_qparams", "RangeTracker",
-           "FakeLinearQuantization", "LinearWeightQuant", "InputGrid", "QATWrapper",
-           "InputQuantizer"]
+           "tracked_clip_range", "on_tracked_grid", "FakeLinearQuantization",
+           "LinearWeightQuant", "InputGrid", "QATWrapper", "InputQuantizer"]
 
 DEFAULT_EMA_DECAY = 0.999  # Distiller's default
 
@@ -70,6 +70,23 @@ class RangeTracker(nn.Module):
         return self.tracked_min, self.tracked_max
 
 
+def tracked_clip_range(tracker: RangeTracker, mode: LinearQuantMode) -> tuple[Tensor, Tensor]:
+    """The range values are clamped to: the tracked one, made symmetric in symmetric modes."""
+    low, high = tracker.range()
+    if mode.symmetric:
+        edge = torch.maximum(low.abs(), high.abs())
+        return -edge, edge
+    return low, high
+
+
+def on_tracked_grid(x: Tensor, tracker: RangeTracker, num_bits: int,
+                    mode: LinearQuantMode) -> Tensor:
+    """x fake-quantized on the grid of the tracker's range as it is now (nothing tracked)."""
+    low, high = tracked_clip_range(tracker, mode)
+    scale, zero_point = range_qparams(low, high, num_bits, mode)
+    return fake_quantize_ste(x, scale, zero_point, num_bits, mode, (low, high))
+
+
 class FakeLinearQuantization(nn.Module):
     """Fake-quantize activations to their EMA-tracked range (Distiller's FakeLinearQuantization).
 
@@ -90,11 +107,7 @@ class FakeLinearQuantization(nn.Module):
 
     def clip_range(self) -> tuple[Tensor, Tensor]:
         """The range values are clamped to: the tracked one, made symmetric in symmetric modes."""
-        low, high = self.tracker.range()
-        if self.mode.symmetric:
-            edge = torch.maximum(low.abs(), high.abs())
-            return -edge, edge
-        return low, high
+        return tracked_clip_range(self.tracker, self.mode)
 
     def forward(self, x: Tensor, active: Tensor) -> Tensor:
         """x on the grid of the tracked range (tracking only counts while `active`)."""
@@ -104,9 +117,7 @@ class FakeLinearQuantization(nn.Module):
 
     def on_grid(self, x: Tensor) -> Tensor:
         """x on the grid of the tracked range as it is now (nothing tracked)."""
-        low, high = self.clip_range()
-        scale, zero_point = range_qparams(low, high, self.num_bits, self.mode)
-        return fake_quantize_ste(x, scale, zero_point, self.num_bits, self.mode, (low, high))
+        return on_tracked_grid(x, self.tracker, self.num_bits, self.mode)
 
     def output_range(self) -> tuple[float, float]:
         """The (min, max) the quantized outputs span, for statistics."""
@@ -159,13 +170,7 @@ class InputGrid:
         if self.producer is not None:
             return self.producer.on_grid(x)
         assert self.own is not None
-        tracker, num_bits, mode = self.own
-        low, high = tracker.range()
-        if mode.symmetric:
-            edge = torch.maximum(low.abs(), high.abs())
-            low, high = -edge, edge
-        scale, zero_point = range_qparams(low, high, num_bits, mode)
-        return fake_quantize_ste(x, scale, zero_point, num_bits, mode, (low, high))
+        return on_tracked_grid(x, *self.own)
 
     def __repr__(self) -> str:
         """Which grid."""
@@ -228,10 +233,14 @@ class QATWrapper(nn.Module):
 
     def forward(self, *inputs: Any) -> Any:
         """The wrapped module on fake-quantized parameters, its output fake-quantized."""
-        active = self.enabled
         inputs = self.quantize_inputs(inputs)
         params = self.effective_params()
         out = functional_call(self.wrapped, params, inputs) if params else self.wrapped(*inputs)
+        return self.quantize_output(out)
+
+    def quantize_output(self, out: Tensor) -> Tensor:
+        """The output fake-quantized while enabled; else its range tracked (training)."""
+        active = self.enabled
         if self.output_quant is not None:
             return torch.where(active, self.output_quant(out, active), out)
         if self.training and self.output_range is not None and out.numel():

@@ -250,9 +250,11 @@ class _Running:
         if act.numel() == 0 or self.mean is None:
             return
         deviation = act - self.mean.to(device=act.device, dtype=act.dtype)
-        # per row in float32 without temporaries, then the rows in float64
-        self._add(4, torch.linalg.vector_norm(deviation, 1, dim=1).sum(dtype=torch.float64))
-        self._add(3, torch.linalg.vector_norm(deviation, 2, dim=1).square().sum(
+        # per row without temporaries (at least float32), then the rows in float64
+        dtype = _row_dtype(deviation)
+        self._add(4, torch.linalg.vector_norm(deviation, 1, dim=1, dtype=dtype).sum(
+            dtype=torch.float64))
+        self._add(3, torch.linalg.vector_norm(deviation, 2, dim=1, dtype=dtype).square().sum(
             dtype=torch.float64))
         self.numel_second += act.numel()
 
@@ -275,10 +277,15 @@ class _Running:
         }
 
 
+def _row_dtype(rows: Tensor) -> torch.dtype:
+    """The dtype a row is summed in: its own, at least float32 (a float64 model stays float64)."""
+    return torch.promote_types(rows.dtype, torch.float32)
+
+
 def _row_sums(rows: Tensor) -> Tensor:
-    """The sum of a (samples, values) tensor: each row summed in float32 (vectorized, torch's
-    cascade summation keeps it accurate), the rows' sums added in float64."""
-    return rows.sum(dim=1, dtype=torch.float32).sum(dtype=torch.float64)
+    """The sum of a (samples, values) tensor: each row summed vectorized in `_row_dtype`
+    (torch's cascade summation keeps float32 accurate), the rows' sums added in float64."""
+    return rows.sum(dim=1, dtype=_row_dtype(rows)).sum(dtype=torch.float64)
 
 
 def _rows(tensor: Tensor) -> Tensor:
