@@ -23,7 +23,7 @@ from compressor.training.checkpoint import (
     set_rng_state,
 )
 from compressor.utils.errors import CheckpointError
-from tests.conftest import ROOT, cli_env
+from tests.conftest import ROOT, cli_env, cli_zygote
 
 SAVER = """
 import sys, torch
@@ -36,23 +36,38 @@ while True:
 """
 
 
+def _run_killed(script: Path, path: Path, seconds: float) -> None:
+    """Run `python script path` and SIGKILL it (its process group) after `seconds`: forked from
+    the tests' pre-imported zygote, which starts writing at once, else a new interpreter."""
+    env = cli_env()
+    zygote = cli_zygote(env)
+    if zygote is not None:
+        with pytest.raises(subprocess.TimeoutExpired):  # the timeout is the SIGKILL
+            zygote.run([sys.executable, str(script), str(path)], ROOT, env, timeout=seconds)
+        return
+    proc = subprocess.Popen([sys.executable, str(script), str(path)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    time.sleep(seconds)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+
+
 def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) -> None:
-    path = tmp_path / "checkpoint.pth.tar"
+    path = tmp_path / "out" / "checkpoint.pth.tar"
+    path.parent.mkdir()
+    script = tmp_path / "saver.py"
+    script.write_text(SAVER)
     rng = random.Random(0)
     last_step = 0
     for _ in range(6):
-        proc = subprocess.Popen([sys.executable, "-c", SAVER, str(path)], cwd=ROOT,
-                                env=cli_env(), stdout=subprocess.PIPE, text=True)
-        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.0, 0.3))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+        _run_killed(script, path, rng.uniform(0.2, 0.5))
         if path.exists():
             state = load_checkpoint(path)  # never raises: the file is always whole
             assert torch.equal(state["blob"], torch.full((1_000_000,), float(state["step"])))
             last_step = state["step"]
     assert last_step > 0, "no checkpoint was ever completed"
-    leftovers = [p.name for p in tmp_path.iterdir() if p.name != path.name]
+    leftovers = [p.name for p in path.parent.iterdir() if p.name != path.name]
     assert all(".tmp-" in name for name in leftovers)
 
 

@@ -127,7 +127,7 @@ def test_a_model_fx_cannot_trace_is_quantized_by_modules_or_refused_for_int8() -
 def test_cli_converts_a_network_of_functional_ops_and_rebuilds_it(tmp_path: Path) -> None:
     common = ("--etes", "0.02", "-b", "8", "-j", "0", "-o", str(tmp_path))
     first = run_cli("-a", "mobilenet_v3_small", "--dataset", "synthetic", "-e", "--qe",
-                    "--qept", *common, "-n", "int8")
+                    "--qept", "--qe-calibration", "0.01", *common, "-n", "int8")
     assert first.returncode == 0, first.stderr[-3000:]
     again = run_cli("--resume-from", str(tmp_path / "int8" / "quantized_checkpoint.pth.tar"),
                     "-e", *common, "-n", "again")

@@ -61,8 +61,9 @@ def _constant(x: Tensor, idx: int) -> float | None:
 
 def _zero_slices(module: nn.Module, idxs: list[int]) -> list[bool]:
     """Whether each listed filter (row) of a layer is all zero (its bias becomes a constant)."""
-    weight = module.weight.detach()[idxs].flatten(1)
-    return (weight.abs().amax(dim=1) == 0).tolist()
+    rows = module.weight.detach().flatten(1)
+    zero = (rows.amax(dim=1) == 0) & (rows.amin(dim=1) == 0)  # no |w| copy of a large layer
+    return zero[idxs].tolist()
 
 
 def _unused_roots(consumers: list[tuple[nn.Module, list[int], list[int]]]) -> set[int]:
@@ -71,8 +72,9 @@ def _unused_roots(consumers: list[tuple[nn.Module, list[int], list[int]]]) -> se
         return set()
     unused = {r for _, _, rs in consumers for r in rs}
     for module, idxs, rs in consumers:
-        columns = module.weight.detach().transpose(0, 1)[idxs].flatten(1)
-        zero = (columns.abs().amax(dim=1) == 0).tolist()
+        weight = module.weight.detach()
+        others = [d for d in range(weight.dim()) if d != 1]  # each input channel's column
+        zero = ((weight.amax(dim=others) == 0) & (weight.amin(dim=others) == 0))[idxs].tolist()
         unused -= {r for r, z in zip(rs, zero, strict=True) if not z}
     return unused
 
