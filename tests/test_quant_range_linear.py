@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from compressor.quantization import (
+    ClampedLinearQuantizeSTE,
     LinearQuantizeSTE,
     LinearQuantMode,
     ModuleQuantMode,
@@ -295,3 +296,24 @@ def test_bias_on_the_accumulator_grid():
         quantize_bias(torch.zeros(3), 1.0, torch.ones(2))
     with one_line_error("bits_accum=33"):
         accum_range(33)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_ste_host_and_tensor_ranges_agree_at_the_bounds(dtype: torch.dtype) -> None:
+    """The CPU path (the range read as numbers, hardtanh's backward) and the accelerator path
+    (the range as tensors, a where) give the same values and pass the gradient at the bounds
+    but not one step of the dtype outside them."""
+    low, high = torch.tensor(-1.3, dtype=dtype), torch.tensor(0.9, dtype=dtype)
+    inf = torch.tensor(float("inf"), dtype=dtype)
+    points = [torch.nextafter(low, -inf), low, torch.nextafter(low, inf),
+              torch.zeros((), dtype=dtype),
+              torch.nextafter(high, -inf), high, torch.nextafter(high, inf)]
+    scale, zp = quant_params(low, high, 8, ASYM_U)
+    results = []
+    for bounds in ((low.item(), high.item()), (low, high)):
+        x = torch.stack(points).requires_grad_(True)
+        out = ClampedLinearQuantizeSTE.apply(x, *bounds, scale, zp, 0, 255)
+        out.backward(torch.full_like(x, 2.0))
+        results.append((out.detach(), x.grad))
+    assert torch.equal(results[0][0], results[1][0])
+    assert results[0][1].tolist() == results[1][1].tolist() == [0.0, 2.0, 2.0, 2.0, 2.0, 2.0, 0.0]

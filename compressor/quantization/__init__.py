@@ -36,6 +36,7 @@ from compressor.quantization.range_linear import (
     MAX_ACCUM_BITS,
     MAX_BITS,
     MIN_BITS,
+    ClampedLinearQuantizeSTE,
     LinearQuantizeSTE,
     LinearQuantMode,
     ModuleQuantMode,
@@ -82,7 +83,8 @@ __all__ = [
     "MIN_BITS", "MAX_BITS", "MAX_ACCUM_BITS", "LinearQuantMode", "ModuleQuantMode",
     "parse_quant_mode", "parse_module_quant_mode", "check_bits", "check_accum_bits",
     "quantized_range", "quant_params", "weight_quant_params", "quantize", "dequantize",
-    "fake_quantize", "LinearQuantizeSTE", "fake_quantize_ste", "float_range", "torch_qparams",
+    "fake_quantize", "LinearQuantizeSTE", "ClampedLinearQuantizeSTE", "fake_quantize_ste",
+    "float_range", "torch_qparams",
     "accum_range", "bias_scale", "quantize_bias",
     # clipping
     "ClipMode", "parse_clip_mode", "check_clip_n_stds", "ALPHA_GAUSS", "ALPHA_GAUSS_POSITIVE",

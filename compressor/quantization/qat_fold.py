@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 
 from compressor.quantization.fusion import Fusion
-from compressor.quantization.qat_modules import QATWrapper
+from compressor.quantization.qat_modules import QATWrapper, where_enabled
 
 __all__ = ["FoldedBatchNorm", "FusedQATWrapper", "fold_factor"]
 
@@ -133,7 +133,8 @@ class FusedQATWrapper(QATWrapper):
             weight = weight * self._over_weight(factor, weight)
             factor = torch.where(factor == 0, torch.ones_like(factor), factor)
         if self.weight_quant is not None:
-            weight = torch.where(self.enabled, self.weight_quant(weight), weight)
+            quant, folded = self.weight_quant, weight
+            weight = where_enabled(self.enabled, lambda: quant(folded), folded)
         return weight, factor
 
 
@@ -144,7 +145,8 @@ class FusedQATWrapper(QATWrapper):
             return None
         if self.bias_quant is None:
             return bias
-        return torch.where(self.enabled, self.bias_quant(bias), bias)
+        quant = self.bias_quant
+        return where_enabled(self.enabled, lambda: quant(bias), bias)
 
     def effective_params(self) -> dict[str, Tensor]:
         """The plain layer's weight and bias: the folded quantized weight with the fold divided

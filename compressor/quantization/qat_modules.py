@@ -2,11 +2,13 @@
 
 `QATWrapper` keeps the wrapped module as `wrapped` and fake-quantizes its float "shadow"
 weights (straight-through estimator) and its output; `InputQuantizer` quantizes the model's
-input. Every flag and tracked range is a buffer, applied with `torch.where` (no host sync).
+input. Every flag and tracked range is a buffer, applied by `where_enabled`: `torch.where` on an
+accelerator (no host sync), a branch on the CPU (where reading a flag costs nothing).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,11 +23,21 @@ from compressor.quantization.range_linear import (
     range_qparams,
 )
 
-__all__ = ["DEFAULT_EMA_DECAY", "update_ema", "range_qparams", "RangeTracker",
+__all__ = ["DEFAULT_EMA_DECAY", "where_enabled", "update_ema", "range_qparams", "RangeTracker",
            "tracked_clip_range", "on_tracked_grid", "FakeLinearQuantization",
            "LinearWeightQuant", "InputGrid", "QATWrapper", "InputQuantizer"]
 
 DEFAULT_EMA_DECAY = 0.999  # Distiller's default
+
+
+def where_enabled(flag: Tensor, enabled: Callable[[], Tensor], disabled: Tensor) -> Tensor:
+    """`enabled()` where the bool tensor `flag` holds, else `disabled`, as torch.where computes
+    it. A plain CPU flag is read and only the branch taken is computed (half the work of a
+    where over an activation, forward and backward); elsewhere (an accelerator, a traced or
+    fake tensor) both are, with no host sync."""
+    if type(flag) is Tensor and flag.device.type == "cpu":
+        return enabled() if bool(flag) else disabled
+    return torch.where(flag, enabled(), disabled)
 
 
 def update_ema(biased: Tensor, value: Tensor, decay: float, step: Tensor
@@ -211,7 +223,7 @@ class QATWrapper(nn.Module):
         for index, value in enumerate(inputs):
             grid = self.input_grids[index] if index < len(self.input_grids) else None
             if grid is not None and isinstance(value, Tensor) and value.is_floating_point():
-                value = torch.where(active, grid(value), value)
+                value = where_enabled(active, lambda v=value, g=grid: g(v), value)
             gridded.append(value)
         return tuple(gridded)
 
@@ -228,7 +240,7 @@ class QATWrapper(nn.Module):
         for name, quant in (("weight", self.weight_quant), ("bias", self.bias_quant)):
             value = getattr(self.wrapped, name, None)
             if quant is not None and isinstance(value, Tensor):
-                params[name] = torch.where(self.enabled, quant(value), value)
+                params[name] = where_enabled(self.enabled, lambda q=quant, v=value: q(v), value)
         return params
 
     def forward(self, *inputs: Any) -> Any:
@@ -242,7 +254,8 @@ class QATWrapper(nn.Module):
         """The output fake-quantized while enabled; else its range tracked (training)."""
         active = self.enabled
         if self.output_quant is not None:
-            return torch.where(active, self.output_quant(out, active), out)
+            quant = self.output_quant
+            return where_enabled(active, lambda: quant(out, active), out)
         if self.training and self.output_range is not None and out.numel():
             self.output_range.update(out, active)
         return out
@@ -261,4 +274,4 @@ class InputQuantizer(nn.Module):
         if not args or not isinstance(args[0], Tensor) or not args[0].is_floating_point():
             return None
         x = args[0]
-        return (torch.where(self.enabled, self.quant(x, self.enabled), x), *args[1:])
+        return (where_enabled(self.enabled, lambda: self.quant(x, self.enabled), x), *args[1:])

@@ -19,6 +19,7 @@ converts. The integer range of each mode (`quantized_range`, 8 bits shown):
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Mapping
 from enum import Enum
@@ -35,7 +36,8 @@ __all__ = [
     "parse_quant_mode", "parse_module_quant_mode", "check_bits", "check_accum_bits",
     "quantized_range", "quant_params", "range_qparams", "weight_quant_params", "quantize",
     "dequantize",
-    "fake_quantize", "LinearQuantizeSTE", "fake_quantize_ste", "float_range", "torch_qparams",
+    "fake_quantize", "LinearQuantizeSTE", "ClampedLinearQuantizeSTE", "fake_quantize_ste",
+    "float_range", "torch_qparams",
     "accum_range", "bias_scale", "quantize_bias",
 ]
 
@@ -263,6 +265,58 @@ class LinearQuantizeSTE(torch.autograd.Function):
         return grad_output, None, None, None, None, None
 
 
+class ClampedLinearQuantizeSTE(torch.autograd.Function):
+    """Clamp to a range, then quantize and dequantize: one autograd node for the two steps.
+
+    `apply(x, low, high, scale, zero_point, qmin, qmax)`, the range as Python floats (on the CPU,
+    where reading it costs nothing and float bounds take the fast kernels) or as tensors. The
+    gradient w.r.t. x is the incoming one where low <= x <= high (at the bounds too: Distiller
+    clamps with Python numbers, which pass it whole there) and 0 outside; the range and the
+    parameters get none.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, x: Tensor, low: Tensor | float, high: Tensor | float,
+                scale: Tensor | float, zero_point: Tensor | float, qmin: int, qmax: int
+                ) -> Tensor:
+        """The clamped x on the grid, in float."""
+        if isinstance(low, Tensor):
+            ctx.save_for_backward(x, low, high)  # the mask is made in backward, if one runs
+        else:
+            ctx.save_for_backward(x)
+            ctx.bounds = (low, high)
+        q = torch.clamp(torch.round(scale * torch.clamp(x, low, high) - zero_point), qmin, qmax)
+        return (q + zero_point) / scale
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
+        """The gradient inside the range, 0 outside it."""
+        if len(ctx.saved_tensors) == 3:
+            x, low, high = ctx.saved_tensors
+            grad = torch.where((x >= low) & (x <= high), grad_output, 0.0)
+        else:
+            (x,) = ctx.saved_tensors
+            # hardtanh's backward passes the gradient strictly inside its bounds: bounds one
+            # step of x's dtype outside the range pass it at the range's ends too
+            low, high = (torch.nextafter(torch.tensor(bound, dtype=x.dtype),
+                                         torch.tensor(toward, dtype=x.dtype)).item()
+                         for bound, toward in zip(ctx.bounds, (-math.inf, math.inf),
+                                                  strict=True))
+            grad = torch.ops.aten.hardtanh_backward(grad_output, x, low, high)
+        return grad, None, None, None, None, None, None
+
+
+def _host_bounds(x: Tensor, clip_range: tuple[Tensor | float, Tensor | float]
+                 ) -> tuple[Tensor | float, Tensor | float]:
+    """The clip range as x's dtype's values: Python floats for a plain CPU tensor and a range
+    of two numbers, else tensors on x's device (per-channel ranges; no host sync)."""
+    on_host = type(x) is Tensor and x.device.type == "cpu" and all(
+        (type(v) is Tensor and v.numel() == 1) or isinstance(v, (int, float))
+        for v in clip_range)
+    low, high = (torch.as_tensor(v, dtype=x.dtype, device=x.device) for v in clip_range)
+    return (low.item(), high.item()) if on_host else (low, high)
+
+
 def fake_quantize_ste(x: Tensor, scale: Tensor | float, zero_point: Tensor | float,
                       num_bits: int, mode: LinearQuantMode | str,
                       clip_range: tuple[Tensor | float, Tensor | float] | None = None) -> Tensor:
@@ -273,12 +327,10 @@ def fake_quantize_ste(x: Tensor, scale: Tensor | float, zero_point: Tensor | flo
     through the STE; weights are quantized from their own range, `clip_range=None`.
     """
     qmin, qmax = quantized_range(num_bits, mode)
-    if clip_range is not None:
-        low, high = (torch.as_tensor(v, dtype=x.dtype, device=x.device) for v in clip_range)
-        # a clamp whose gradient is 1 at the bounds too (torch.clamp with tensor bounds halves it
-        # there; Distiller clamps with Python numbers, which pass it whole)
-        x = torch.where(x < low, low, torch.where(x > high, high, x))
-    return LinearQuantizeSTE.apply(x, scale, zero_point, qmin, qmax, True)
+    if clip_range is None:
+        return LinearQuantizeSTE.apply(x, scale, zero_point, qmin, qmax, True)
+    low, high = _host_bounds(x, clip_range)
+    return ClampedLinearQuantizeSTE.apply(x, low, high, scale, zero_point, qmin, qmax)
 
 
 def float_range(scale: Tensor | float, zero_point: Tensor | float, num_bits: int,
