@@ -142,8 +142,20 @@ def assert_user_error(result: subprocess.CompletedProcess[str], *fragments: str)
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, each worker computes on one thread (two workers share two cores)."""
+    config.addinivalue_line("markers", "slow: a test of many seconds (several interpreters, an "
+                            "export or training of a large model): run first")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files with slow tests first, their slow tests first in them, the rest in order: a
+    slow test left to the end keeps one worker busy while the other has nothing left to take.
+    A file's tests stay together, so that its module-scoped fixtures are built once."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    file_order = {item.path: index for index, item in reversed(list(enumerate(items)))}
+    items.sort(key=lambda item: (item.path not in slow_files, file_order[item.path],
+                                 item.get_closest_marker("slow") is None))
 
 
 @pytest.fixture(scope="module")

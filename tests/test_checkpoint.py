@@ -71,6 +71,7 @@ def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) 
     assert all(".tmp-" in name for name in leftovers)
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_training_run_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(1)
     for attempt in range(1):

@@ -55,6 +55,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {"full": out / "full", "first": out / "first", "resumed": out / "resumed", "out": out}
 
 
+@pytest.mark.slow
 def test_run_directory_holds_every_file(runs: dict[str, Path]) -> None:
     run_dir = runs["full"]
     for name in ("checkpoint.pth.tar", "best.pth.tar", "log.txt", "args.yaml", "metrics.csv",

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.cli_zygote import CliZygote
-from tests.conftest import cli_env, run_cli
+from tests.conftest import cli_env, cli_zygote, run_cli
 
 PROBE = """\
 import json, os, sys, threading, torch
@@ -36,13 +35,12 @@ sys.exit(int(mode) if mode.isdigit() else mode)
 """
 
 
-@pytest.fixture(scope="module")
-def zygote() -> Iterator[CliZygote]:
-    """A zygote of our own, closed at the end of the module."""
-    served = CliZygote(cli_env())
-    yield served
-    served.close()
-    assert not served.alive()
+@pytest.fixture
+def zygote() -> CliZygote:
+    """This worker's zygote, the one run_cli forks from (started on first use)."""
+    served = cli_zygote(cli_env())
+    assert served is not None and served.alive()
+    return served
 
 
 def probe(zygote: CliZygote, folder: Path, mode: str, timeout: float = 60
@@ -87,6 +85,7 @@ def test_timeout_kills_the_run_and_the_zygote_serves_on(zygote: CliZygote, tmp_p
     assert probe(zygote, tmp_path, "0").returncode == 0
 
 
+@pytest.mark.slow
 def test_cli_run_in_the_zygote_equals_a_fresh_interpreter(tmp_path: Path) -> None:
     args = ("-a", "simplenet_digits", "--epochs", "1", "--dataset", "nonsense", "-o",
             str(tmp_path))

@@ -11,6 +11,7 @@ from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import run_cli, run_torchrun
 
 
+@pytest.mark.slow
 def test_two_process_training_matches_single_process_evaluation(tmp_path: Path) -> None:
     result = run_torchrun(2, "-a", "simplenet_digits", "--epochs", "2", "-b", "32", "-j", "0",
                           "--cpu", "--deterministic", "-p", "0", "--etrs", "0.5",
@@ -33,6 +34,7 @@ def test_two_process_training_matches_single_process_evaluation(tmp_path: Path) 
     assert evaluated["loss"] == pytest.approx(results["loss"], rel=1e-5)
 
 
+@pytest.mark.slow
 def test_inception_v3_with_aux_outputs_trains_under_ddp(tmp_path: Path) -> None:
     result = run_torchrun(2, "-a", "inception_v3", "--dataset", "synthetic", "--epochs", "1",
                           "-b", "4", "-j", "0", "--cpu", "--vs", "0", "--etrs", "0.008",

@@ -45,6 +45,7 @@ def _results(folder: Path) -> dict:
     return json.loads((folder / "results.json").read_text())
 
 
+@pytest.mark.slow
 def test_float_int8_and_qdq_classify_every_photo_alike(photos: Path, tmp_path: Path) -> None:
     out = ("-o", str(tmp_path))
     fp32 = run_cli(str(photos), *COMMON, "-e", *out, "-n", "fp32")

@@ -84,6 +84,7 @@ def _op_types(onnx_file: Path) -> set[tuple[str, str]]:
     return {(node.domain, node.op_type) for node in onnx.load(str(onnx_file)).graph.node}
 
 
+@pytest.mark.slow
 def test_resnet_export_round_trips_with_what_a_deployer_needs(checkpoints, tmp_path: Path):
     run_dir, record = _export(tmp_path, "--resume-from", str(checkpoints["dense"]),
                               "--export-onnx")
@@ -136,6 +137,7 @@ def test_a_thinned_model_exports_at_its_thinned_shapes(checkpoints, tmp_path: Pa
     assert weights["layer3.2.conv1.weight"] == [32, 64, 3, 3]
 
 
+@pytest.mark.slow
 def test_inception_v3_exports_at_299_without_aux_heads(tmp_path: Path):
     run_dir, record = _export(tmp_path, "-a", "inception_v3", "--dataset", "synthetic",
                               "-b", "1", "--export-onnx")

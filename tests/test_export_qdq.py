@@ -53,6 +53,7 @@ def test_what_a_qdq_graph_cannot_hold_is_refused() -> None:
         qdq_form(_quantized({"bits_activations": 12}))
 
 
+@pytest.mark.slow
 def test_cli_exports_the_int8_checkpoint_as_qdq_checked_against_the_kernels(tmp_path: Path
                                                                            ) -> None:
     quantized = run_cli(*COMMON, "-e", "--qe", "--qept", "-o", str(tmp_path), "-n", "q")

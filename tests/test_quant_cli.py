@@ -192,6 +192,7 @@ def qat_runs(trained: Path) -> dict[str, Path]:
     return {"full": out / "qat", "resumed": out / "qat_resumed", "out": out}
 
 
+@pytest.mark.slow
 def test_qat_resumes_bitwise(qat_runs: dict[str, Path]) -> None:
     full = load_checkpoint(qat_runs["full"] / "checkpoint.pth.tar")
     resumed = load_checkpoint(qat_runs["resumed"] / "checkpoint.pth.tar")
@@ -279,6 +280,7 @@ def _learnable_cifar(directory: Path, per_batch: int = 40) -> Path:
     return directory
 
 
+@pytest.mark.slow
 def test_qat_resnet_converts_with_its_folded_batch_norms(tmp_path: Path) -> None:
     """QAT trains resnet20's batch norms folded (residual adds are modules): int8 needs no
     calibration and gives QAT's own top-1."""

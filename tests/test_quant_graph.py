@@ -124,6 +124,7 @@ def test_a_model_fx_cannot_trace_is_quantized_by_modules_or_refused_for_int8() -
     assert "drop it to evaluate the model simulated" in message
 
 
+@pytest.mark.slow
 def test_cli_converts_a_network_of_functional_ops_and_rebuilds_it(tmp_path: Path) -> None:
     common = ("--etes", "0.02", "-b", "8", "-j", "0", "-o", str(tmp_path))
     first = run_cli("-a", "mobilenet_v3_small", "--dataset", "synthetic", "-e", "--qe",
