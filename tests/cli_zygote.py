@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -59,9 +60,11 @@ class CliZygote:
         return self._process.poll() is None
 
     def run(self, command: list[str], cwd: Path, env: dict[str, str], timeout: float,
-            ranks: int = 1) -> subprocess.CompletedProcess[str]:
+            ranks: int = 1, on_fork: Callable[[list[int]], None] | None = None
+            ) -> subprocess.CompletedProcess[str]:
         """subprocess.run(command, capture_output=True, text=True, ...) of `python script ARGS`,
-        in a child forked from the zygote (in `ranks` children, as torchrun's workers)."""
+        in a child forked from the zygote (in `ranks` children, as torchrun's workers);
+        `on_fork` is given the children's pids (each leads its process group) once forked."""
         with tempfile.TemporaryDirectory(prefix="cli-run-") as folder:
             out, err = Path(folder) / "stdout", Path(folder) / "stderr"
             request = {"argv": command[1:], "cwd": str(Path(cwd).absolute()), "env": env,
@@ -75,6 +78,8 @@ class CliZygote:
             except BaseException:  # a zygote that cannot fork in time is of no further use
                 self.close()
                 raise
+            if on_fork is not None:
+                on_fork(pids)
             try:
                 code = self._reply(deadline, "run")["returncode"]
             except subprocess.TimeoutExpired:

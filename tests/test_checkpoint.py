@@ -7,7 +7,9 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -71,25 +73,54 @@ def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) 
     assert all(".tmp-" in name for name in leftovers)
 
 
+def _start_killable(argv: list[str]) -> Callable[[], None]:
+    """Start `python *argv` (forked from the tests' zygote, else a new interpreter) and return
+    what SIGKILLs it and waits for it to end."""
+    env = cli_env()
+    zygote = cli_zygote(env)
+    if zygote is None:
+        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def kill_process() -> None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+
+        return kill_process
+    forked = threading.Event()
+    pids: list[int] = []
+
+    def record(children: list[int]) -> None:
+        pids.extend(children)
+        forked.set()
+
+    runner = threading.Thread(target=zygote.run, args=([sys.executable, *argv], ROOT, env, 300),
+                              kwargs={"on_fork": record}, daemon=True)
+    runner.start()
+    assert forked.wait(60), "the zygote did not fork the run"
+
+    def kill() -> None:
+        os.killpg(pids[0], signal.SIGKILL)
+        runner.join(60)
+
+    return kill
+
+
 @pytest.mark.slow
 def test_sigkill_of_a_training_run_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(1)
-    for attempt in range(1):
-        out = tmp_path / f"run{attempt}"
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "compress_classifier.py"), "-a", "simplenet_digits",
-             "--epochs", "50", "-b", "32", "-j", "0", "-p", "0", "-o", str(tmp_path),
-             "-n", out.name], cwd=ROOT, env=cli_env(), stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
-        deadline = time.time() + 60
-        while not (out / "checkpoint.pth.tar").exists() and time.time() < deadline:
-            time.sleep(0.05)
-        time.sleep(rng.uniform(0.0, 1.5))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        checkpoint = load_checkpoint(out / "checkpoint.pth.tar")
-        require_full_checkpoint(checkpoint, out / "checkpoint.pth.tar")
-        assert checkpoint["epoch"] >= 0
+    out = tmp_path / "run"
+    kill = _start_killable([str(ROOT / "compress_classifier.py"), "-a", "simplenet_digits",
+                            "--epochs", "50", "-b", "32", "-j", "0", "-p", "0", "-o",
+                            str(tmp_path), "-n", out.name])
+    deadline = time.time() + 60
+    while not (out / "checkpoint.pth.tar").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    time.sleep(rng.uniform(0.0, 1.5))
+    kill()
+    checkpoint = load_checkpoint(out / "checkpoint.pth.tar")
+    require_full_checkpoint(checkpoint, out / "checkpoint.pth.tar")
+    assert checkpoint["epoch"] >= 0
 
 
 def test_save_is_atomic_and_keeps_no_temporary(tmp_path: Path) -> None:
