@@ -138,30 +138,20 @@ class FusedQATWrapper(QATWrapper):
         return weight, factor
 
 
-    def _bias(self) -> Tensor | None:
-        """The layer's own bias (fake-quantized while enabled, with a bias quantizer)."""
-        bias = getattr(self.wrapped, "bias", None)
-        if not isinstance(bias, Tensor):
-            return None
-        if self.bias_quant is None:
-            return bias
-        quant = self.bias_quant
-        return where_enabled(self.enabled, lambda: quant(bias), bias)
-
     def effective_params(self) -> dict[str, Tensor]:
         """The plain layer's weight and bias: the folded quantized weight with the fold divided
         back out (folding it again, as int8 conversion does, gives the quantized weight)."""
         weight, factor = self._folded_weight()
         if factor is not None:
             weight = weight / self._over_weight(factor, weight)
-        bias = self._bias()
+        bias = self.parameter("bias")
         return {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
 
     def forward(self, *inputs: Any) -> Any:
         """Layer with the folded quantized weight, batch norm, activation, output quant."""
         inputs = self.quantize_inputs(inputs)
         weight, factor = self._folded_weight()
-        bias = self._bias()
+        bias = self.parameter("bias")
         params = {"weight": weight}
         if bias is not None:  # with a fold, added after the fold is divided out
             params["bias"] = torch.zeros_like(bias) if factor is not None else bias

@@ -234,13 +234,24 @@ class QATWrapper(nn.Module):
             ("output", self.output_quant)) if module is not None]
         return f"{type(self.wrapped).__name__}({', '.join(parts)}, inputs={len(self.input_ranges)})"
 
+    def parameter(self, name: str) -> Tensor | None:
+        """The wrapped module's "weight" or "bias" as the forward uses it: fake-quantized while
+        enabled where it has a quantizer, else as it is; None where the module has none."""
+        value = getattr(self.wrapped, name, None)
+        if not isinstance(value, Tensor):
+            return None
+        quant = self.weight_quant if name == "weight" else self.bias_quant
+        if quant is None:
+            return value
+        return where_enabled(self.enabled, lambda: quant(value), value)
+
     def effective_params(self) -> dict[str, Tensor]:
-        """The weight and bias the forward uses (fake-quantized while enabled)."""
+        """The quantized weight and bias the forward uses in place of the module's own."""
         params: dict[str, Tensor] = {}
         for name, quant in (("weight", self.weight_quant), ("bias", self.bias_quant)):
-            value = getattr(self.wrapped, name, None)
-            if quant is not None and isinstance(value, Tensor):
-                params[name] = where_enabled(self.enabled, lambda q=quant, v=value: q(v), value)
+            value = self.parameter(name) if quant is not None else None
+            if value is not None:
+                params[name] = value
         return params
 
     def forward(self, *inputs: Any) -> Any:
