@@ -59,11 +59,18 @@ def _constant(x: Tensor, idx: int) -> float | None:
     return float(first) if float((values - first).abs().max()) <= CONST_TOL * scale else None
 
 
+def _all_zero_along(module: nn.Module, dim: int, idxs: list[int]) -> list[bool]:
+    """Whether each listed slice of a layer's weight along `dim` (0: its filters / rows, 1: its
+    input channels / columns) is all zero; reduced in place, with no |w| copy of a large layer."""
+    weight = module.weight.detach()
+    others = [d for d in range(weight.dim()) if d != dim]
+    zero = (weight.amax(dim=others) == 0) & (weight.amin(dim=others) == 0)
+    return zero[idxs].tolist()
+
+
 def _zero_slices(module: nn.Module, idxs: list[int]) -> list[bool]:
     """Whether each listed filter (row) of a layer is all zero (its bias becomes a constant)."""
-    rows = module.weight.detach().flatten(1)
-    zero = (rows.amax(dim=1) == 0) & (rows.amin(dim=1) == 0)  # no |w| copy of a large layer
-    return zero[idxs].tolist()
+    return _all_zero_along(module, 0, idxs)
 
 
 def _unused_roots(consumers: list[tuple[nn.Module, list[int], list[int]]]) -> set[int]:
@@ -72,9 +79,7 @@ def _unused_roots(consumers: list[tuple[nn.Module, list[int], list[int]]]) -> se
         return set()
     unused = {r for _, _, rs in consumers for r in rs}
     for module, idxs, rs in consumers:
-        weight = module.weight.detach()
-        others = [d for d in range(weight.dim()) if d != 1]  # each input channel's column
-        zero = ((weight.amax(dim=others) == 0) & (weight.amin(dim=others) == 0))[idxs].tolist()
+        zero = _all_zero_along(module, 1, idxs)
         unused -= {r for r, z in zip(rs, zero, strict=True) if not z}
     return unused
 
