@@ -28,31 +28,51 @@ from compressor.utils.errors import CheckpointError
 from tests.conftest import ROOT, cli_env, cli_zygote
 
 SAVER = """
-import sys, torch
+import pathlib, sys, torch
 from compressor.training.checkpoint import save_checkpoint
-path, step = sys.argv[1], 0
-print("ready", flush=True)
+path, ready, step = sys.argv[1], pathlib.Path(sys.argv[2]), 0
+ready.touch()
 while True:
     step += 1
     save_checkpoint(path, {"step": step, "blob": torch.full((1_000_000,), float(step))})
 """
 
 
-def _run_killed(script: Path, path: Path, seconds: float) -> None:
-    """Run `python script path` and SIGKILL it (its process group) after `seconds`: forked from
-    the tests' pre-imported zygote, which starts writing at once, else a new interpreter."""
+def _start_killable(argv: list[str], ready: Path) -> Callable[[], None]:
+    """Start `python *argv` (forked from the tests' pre-imported zygote, else a new
+    interpreter), wait until `ready` exists, and return what SIGKILLs it (its process group)
+    and waits for it to end."""
     env = cli_env()
     zygote = cli_zygote(env)
-    if zygote is not None:
-        with pytest.raises(subprocess.TimeoutExpired):  # the timeout is the SIGKILL
-            zygote.run([sys.executable, str(script), str(path)], ROOT, env, timeout=seconds)
-        return
-    proc = subprocess.Popen([sys.executable, str(script), str(path)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-    time.sleep(seconds)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    if zygote is None:
+        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def kill() -> None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    else:
+        forked = threading.Event()
+        pids: list[int] = []
+
+        def record(children: list[int]) -> None:
+            pids.extend(children)
+            forked.set()
+
+        runner = threading.Thread(target=zygote.run,
+                                  args=([sys.executable, *argv], ROOT, env, 300),
+                                  kwargs={"on_fork": record}, daemon=True)
+        runner.start()
+        assert forked.wait(60), "the zygote did not fork the run"
+
+        def kill() -> None:
+            os.killpg(pids[0], signal.SIGKILL)
+            runner.join(60)
+
+    deadline = time.time() + 60
+    while not ready.exists() and time.time() < deadline:
+        time.sleep(0.01)
+    return kill
 
 
 def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) -> None:
@@ -62,8 +82,11 @@ def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) 
     script.write_text(SAVER)
     rng = random.Random(0)
     last_step = 0
-    for _ in range(6):
-        _run_killed(script, path, rng.uniform(0.2, 0.5))
+    for attempt in range(6):
+        kill = _start_killable([str(script), str(path), str(tmp_path / f"ready{attempt}")],
+                               tmp_path / f"ready{attempt}")
+        time.sleep(rng.uniform(0.0, 0.3))
+        kill()
         if path.exists():
             state = load_checkpoint(path)  # never raises: the file is always whole
             assert torch.equal(state["blob"], torch.full((1_000_000,), float(state["step"])))
@@ -73,49 +96,13 @@ def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) 
     assert all(".tmp-" in name for name in leftovers)
 
 
-def _start_killable(argv: list[str]) -> Callable[[], None]:
-    """Start `python *argv` (forked from the tests' zygote, else a new interpreter) and return
-    what SIGKILLs it and waits for it to end."""
-    env = cli_env()
-    zygote = cli_zygote(env)
-    if zygote is None:
-        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def kill_process() -> None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-
-        return kill_process
-    forked = threading.Event()
-    pids: list[int] = []
-
-    def record(children: list[int]) -> None:
-        pids.extend(children)
-        forked.set()
-
-    runner = threading.Thread(target=zygote.run, args=([sys.executable, *argv], ROOT, env, 300),
-                              kwargs={"on_fork": record}, daemon=True)
-    runner.start()
-    assert forked.wait(60), "the zygote did not fork the run"
-
-    def kill() -> None:
-        os.killpg(pids[0], signal.SIGKILL)
-        runner.join(60)
-
-    return kill
-
-
 @pytest.mark.slow
 def test_sigkill_of_a_training_run_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(1)
     out = tmp_path / "run"
     kill = _start_killable([str(ROOT / "compress_classifier.py"), "-a", "simplenet_digits",
                             "--epochs", "50", "-b", "32", "-j", "0", "-p", "0", "-o",
-                            str(tmp_path), "-n", out.name])
-    deadline = time.time() + 60
-    while not (out / "checkpoint.pth.tar").exists() and time.time() < deadline:
-        time.sleep(0.05)
+                            str(tmp_path), "-n", out.name], out / "checkpoint.pth.tar")
     time.sleep(rng.uniform(0.0, 1.5))
     kill()
     checkpoint = load_checkpoint(out / "checkpoint.pth.tar")
