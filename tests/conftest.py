@@ -7,10 +7,13 @@ import contextlib
 import functools
 import io
 import os
+import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -120,6 +123,43 @@ def run_torchrun(nproc: int, *args: str, env: dict[str, str] | None = None,
                               timeout=timeout)
     run_env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     return zygote.run([sys.executable, script, *args], ROOT, run_env, timeout, ranks=nproc)
+
+
+def start_killable(argv: list[str], ready: Path) -> Callable[[], None]:
+    """Start `python *argv` (forked from the tests' pre-imported zygote, else a new
+    interpreter), wait until `ready` exists, and return what SIGKILLs it (its process group)
+    and waits for it to end."""
+    env = cli_env()
+    zygote = cli_zygote(env)
+    if zygote is None:
+        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+        def kill() -> None:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+    else:
+        forked = threading.Event()
+        pids: list[int] = []
+
+        def record(children: list[int]) -> None:
+            pids.extend(children)
+            forked.set()
+
+        runner = threading.Thread(target=zygote.run,
+                                  args=([sys.executable, *argv], ROOT, env, 300),
+                                  kwargs={"on_fork": record}, daemon=True)
+        runner.start()
+        assert forked.wait(60), "the zygote did not fork the run"
+
+        def kill() -> None:
+            os.killpg(pids[0], signal.SIGKILL)
+            runner.join(60)
+
+    deadline = time.time() + 60
+    while not ready.exists() and time.time() < deadline:
+        time.sleep(0.01)
+    return kill
 
 
 def free_port() -> int:

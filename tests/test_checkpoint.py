@@ -4,12 +4,7 @@ from __future__ import annotations
 
 import os
 import random
-import signal
-import subprocess
-import sys
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,7 +20,7 @@ from compressor.training.checkpoint import (
     set_rng_state,
 )
 from compressor.utils.errors import CheckpointError
-from tests.conftest import ROOT, cli_env, cli_zygote
+from tests.conftest import ROOT, start_killable
 
 SAVER = """
 import pathlib, sys, torch
@@ -38,43 +33,6 @@ while True:
 """
 
 
-def _start_killable(argv: list[str], ready: Path) -> Callable[[], None]:
-    """Start `python *argv` (forked from the tests' pre-imported zygote, else a new
-    interpreter), wait until `ready` exists, and return what SIGKILLs it (its process group)
-    and waits for it to end."""
-    env = cli_env()
-    zygote = cli_zygote(env)
-    if zygote is None:
-        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-        def kill() -> None:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-    else:
-        forked = threading.Event()
-        pids: list[int] = []
-
-        def record(children: list[int]) -> None:
-            pids.extend(children)
-            forked.set()
-
-        runner = threading.Thread(target=zygote.run,
-                                  args=([sys.executable, *argv], ROOT, env, 300),
-                                  kwargs={"on_fork": record}, daemon=True)
-        runner.start()
-        assert forked.wait(60), "the zygote did not fork the run"
-
-        def kill() -> None:
-            os.killpg(pids[0], signal.SIGKILL)
-            runner.join(60)
-
-    deadline = time.time() + 60
-    while not ready.exists() and time.time() < deadline:
-        time.sleep(0.01)
-    return kill
-
-
 def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) -> None:
     path = tmp_path / "out" / "checkpoint.pth.tar"
     path.parent.mkdir()
@@ -83,7 +41,7 @@ def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) 
     rng = random.Random(0)
     last_step = 0
     for attempt in range(6):
-        kill = _start_killable([str(script), str(path), str(tmp_path / f"ready{attempt}")],
+        kill = start_killable([str(script), str(path), str(tmp_path / f"ready{attempt}")],
                                tmp_path / f"ready{attempt}")
         time.sleep(rng.uniform(0.0, 0.3))
         kill()
@@ -100,7 +58,7 @@ def test_sigkill_during_writes_never_leaves_a_broken_checkpoint(tmp_path: Path) 
 def test_sigkill_of_a_training_run_leaves_a_loadable_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(1)
     out = tmp_path / "run"
-    kill = _start_killable([str(ROOT / "compress_classifier.py"), "-a", "simplenet_digits",
+    kill = start_killable([str(ROOT / "compress_classifier.py"), "-a", "simplenet_digits",
                             "--epochs", "50", "-b", "32", "-j", "0", "-p", "0", "-o",
                             str(tmp_path), "-n", out.name], out / "checkpoint.pth.tar")
     time.sleep(rng.uniform(0.0, 1.5))

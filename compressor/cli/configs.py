@@ -18,7 +18,8 @@ from compressor.utils.config import (
 )
 
 __all__ = ["model_request", "optimizer_config", "loader_config", "train_config",
-           "quantize_config", "data_config", "is_training", "args_record"]
+           "quantize_config", "data_config", "is_training", "args_record",
+           "distillation_config"]
 
 
 def _path(text: str | None) -> Path | None:
@@ -42,7 +43,8 @@ def loader_config(args: argparse.Namespace) -> LoaderConfig:
     return LoaderConfig(batch_size=args.batch_size, workers=args.workers)
 
 
-def _distillation_config(args: argparse.Namespace) -> DistillationConfig | None:
+def distillation_config(args: argparse.Namespace) -> DistillationConfig | None:
+    """The --kd-* flags (None without a teacher)."""
     if args.kd_teacher is None and args.kd_resume is None:
         return None
     teacher = ModelRequest(arch=args.kd_teacher, checkpoint=_path(args.kd_resume),
@@ -60,7 +62,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(epochs=args.epochs, optimizer=optimizer_config(args),
                        loader=loader_config(args), print_freq=args.print_freq,
                        compress=_path(args.compress), reset_optimizer=args.reset_optimizer,
-                       distillation=_distillation_config(args), reports=reports)
+                       distillation=distillation_config(args), reports=reports)
 
 
 def quantize_config(args: argparse.Namespace) -> QuantizeConfig:

@@ -18,9 +18,11 @@ from tabulate import tabulate
 from torch import nn
 
 from compressor.assembly.setup import RunSetup, build_resolved_model, resolve_run
+from compressor.cli.budget_args import budget_config
 from compressor.cli.configs import (
     args_record,
     data_config,
+    distillation_config,
     is_training,
     model_request,
     optimizer_config,
@@ -28,6 +30,7 @@ from compressor.cli.configs import (
     train_config,
 )
 from compressor.cli.parser import parse_args, quantization_requested
+from compressor.commands.budget import BudgetRun, is_budget_run, run_budget
 from compressor.commands.common import (
     calibration_source,
     evaluation_fn,
@@ -148,6 +151,13 @@ def run(args: argparse.Namespace) -> int:
         return run_dry_run(model, Path(args.compress), optimizer_config(args), args.epochs)
     training = is_training(args)
     config = train_config(args)
+    budget = budget_config(args)
+    if is_budget_run(setup, budget, training, args.reset_optimizer):
+        _refuse_quantized(args, setup, training)
+        return run_budget(BudgetRun(
+            budget, config, data_config(args, training),
+            quantize_config(args) if quantization_requested(args) else None, args.output_dir,
+            args.name, args_record(args), distillation_config(args)), setup, ctx, model, started)
     distillation = _check_before_writing(args, setup, model, ctx, config, training)
     if args.export_onnx is not None:
         from compressor.commands.export import run_export

@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-from collections.abc import Callable
 from typing import NoReturn
 
+from compressor.cli.budget_args import add_budget_args, budget_requested, check_budget
+from compressor.cli.domains import INT_MAX, integer, real
 from compressor.memory import MEMORY_VARIANTS
 from compressor.utils.dataset_table import dataset_names
 from compressor.utils.errors import UsageError
 
 __all__ = ["get_args_parser", "parse_args"]
 
-INT_MAX = 2**31 - 1  # counts (batch size, epochs, print frequency, GPU index)
 MAX_WORKERS = 1024
 DISTILLER_WORKERS = 4  # Distiller's -j default
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
@@ -49,56 +48,9 @@ class _OneLineParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text[:40]}' is not a number") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{text} is not a finite number")
-    return value
-
-
-def _real(low: float | None, high: float | None, *, low_open: bool = False,
-          high_open: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite float in the given interval (bounds None are unbounded)."""
-    if low is not None and high is not None:
-        domain = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    elif low is not None:
-        domain = f"{'>' if low_open else '>='} {low:g}"
-    else:
-        domain = "finite"
-
-    def parse(text: str) -> float:
-        value = _finite(text)
-        below = low is not None and (value <= low if low_open else value < low)
-        above = high is not None and (value >= high if high_open else value > high)
-        if below or above:
-            raise argparse.ArgumentTypeError(f"must be a number {domain}, got {text}")
-        return value
-
-    return parse
-
-
-def _integer(low: int, high: int) -> Callable[[str], int]:
-    """An argparse type: an integer in low..high (both included)."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"'{text[:40]}' is not an integer") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be an integer in {low}..{high}, "
-                                             f"got {text[:40]}")
-        return value
-
-    return parse
-
-
 def _gpu_list(text: str) -> list[int]:
     """--gpus: distinct non-negative GPU indices separated by commas, e.g. 0,1."""
-    index = _integer(0, INT_MAX)
+    index = integer(0, INT_MAX)
     try:
         gpus = [index(part.strip()) for part in text.split(",") if part.strip()]
     except argparse.ArgumentTypeError as exc:
@@ -111,8 +63,8 @@ def _gpu_list(text: str) -> list[int]:
     return gpus
 
 
-_validation_split = _real(0.0, 1.0, high_open=True)
-_effective_size = _real(0.0, 1.0, low_open=True)
+_validation_split = real(0.0, 1.0, high_open=True)
+_effective_size = real(0.0, 1.0, low_open=True)
 
 
 def _add_data_args(parser: argparse.ArgumentParser) -> None:
@@ -121,11 +73,11 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
                        help="dataset directory (not needed for digits and synthetic)")
     group.add_argument("--dataset", choices=dataset_names(), default=None,
                        help="dataset (default: inferred from the arch or the checkpoint)")
-    group.add_argument("-j", "--workers", type=_integer(0, MAX_WORKERS),
+    group.add_argument("-j", "--workers", type=integer(0, MAX_WORKERS),
                        default=default_workers(),
                        help="data loading workers (default: Distiller's 4, capped at the "
                             f"{usable_cpus()} CPUs this process may use)")
-    group.add_argument("-b", "--batch-size", type=_integer(1, INT_MAX), default=256,
+    group.add_argument("-b", "--batch-size", type=integer(1, INT_MAX), default=256,
                        help="mini-batch size")
     group.add_argument("--vs", "--validation-split", dest="validation_split",
                        type=_validation_split, default=0.1,
@@ -155,19 +107,19 @@ def _add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_training_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
-    group.add_argument("--epochs", type=_integer(0, INT_MAX), default=90,
+    group.add_argument("--epochs", type=integer(0, INT_MAX), default=90,
                        help="total number of epochs (also when resuming)")
-    group.add_argument("--lr", "--learning-rate", dest="lr", type=_real(0.0, None, low_open=True),
+    group.add_argument("--lr", "--learning-rate", dest="lr", type=real(0.0, None, low_open=True),
                        default=0.1, help="learning rate, > 0")
-    group.add_argument("--momentum", type=_real(0.0, 1.0, high_open=True), default=0.9,
+    group.add_argument("--momentum", type=real(0.0, 1.0, high_open=True), default=0.9,
                        help="SGD momentum, in [0, 1)")
-    group.add_argument("--wd", "--weight-decay", dest="weight_decay", type=_real(0.0, None),
+    group.add_argument("--wd", "--weight-decay", dest="weight_decay", type=real(0.0, None),
                        default=1e-4, help="weight decay, >= 0")
-    group.add_argument("-p", "--print-freq", type=_integer(0, INT_MAX), default=10,
+    group.add_argument("-p", "--print-freq", type=integer(0, INT_MAX), default=10,
                        help="log every N mini-batches (0: never)")
     group.add_argument("--deterministic", "--det", action="store_true",
                        help="reproducible run (seed 0 unless --seed is given)")
-    group.add_argument("--seed", type=_integer(0, SEED_MAX), default=None,
+    group.add_argument("--seed", type=integer(0, SEED_MAX), default=None,
                        help="random seed, in 0..2**63-1")
     group.add_argument("--cpu", action="store_true", help="run on the CPU even if CUDA exists")
     group.add_argument("--gpus", type=_gpu_list, default=None,
@@ -199,7 +151,7 @@ def _add_compression_args(parser: argparse.ArgumentParser) -> None:
                        help="print a summary of the model and exit")
     group.add_argument("--sense", choices=SENSE_CHOICES, default=None,
                        help="sensitivity analysis by pruning granularity")
-    group.add_argument("--sense-range", dest="sense_range", type=_real(None, None), nargs=3,
+    group.add_argument("--sense-range", dest="sense_range", type=real(None, None), nargs=3,
                        default=(0.0, 0.95, 0.05), metavar=("START", "STOP", "STEP"),
                        help="sparsity levels for --sense: 0 <= START < STOP <= 1, STEP > 0")
     group.add_argument("--thinnify", action="store_true",
@@ -218,18 +170,18 @@ def _add_distillation_args(parser: argparse.ArgumentParser) -> None:
                        help="the teacher: any compressor checkpoint (arch, attributes, "
                             "thinning, memory variant and input spec come from it)")
     group.add_argument("--kd-temperature", "--kd-temp", dest="kd_temperature",
-                       type=_real(0.0, None, low_open=True), default=1.0,
+                       type=real(0.0, None, low_open=True), default=1.0,
                        help="softmax temperature T (default 1.0)")
     group.add_argument("--kd-distill-wt", "--kd-dw", dest="kd_distill_wt",
-                       type=_real(0.0, None), default=0.5,
+                       type=real(0.0, None), default=0.5,
                        help="weight of the distillation loss (default 0.5)")
     group.add_argument("--kd-student-wt", "--kd-sw", dest="kd_student_wt",
-                       type=_real(0.0, None), default=0.5,
+                       type=real(0.0, None), default=0.5,
                        help="weight of the student's task loss (default 0.5)")
     group.add_argument("--kd-teacher-wt", "--kd-tw", dest="kd_teacher_wt",
-                       type=_real(0.0, None), default=0.0,
+                       type=real(0.0, None), default=0.0,
                        help="weight of the teacher's own loss (not supported: must be 0)")
-    group.add_argument("--kd-start-epoch", dest="kd_start_epoch", type=_integer(0, INT_MAX),
+    group.add_argument("--kd-start-epoch", dest="kd_start_epoch", type=integer(0, INT_MAX),
                        default=0, help="epoch from which distillation is on (default 0)")
 
 
@@ -253,7 +205,7 @@ def _add_quantization_args(parser: argparse.ArgumentParser) -> None:
         "post-training quantization (with -e)",
         "8-bit models convert to real int8 kernels with --qe-convert-pytorch; other widths are "
         "simulated")
-    bits = _integer(0, MAX_QUANT_BITS)
+    bits = integer(0, MAX_QUANT_BITS)
     group.add_argument("--quantize-eval", "--qe", dest="quantize_eval", action="store_true",
                        help="quantize the model after loading it, then evaluate it (with -e)")
     group.add_argument("--qe-mode", "--qem", dest="qe_mode", choices=QE_MODES, default="sym",
@@ -266,12 +218,12 @@ def _add_quantization_args(parser: argparse.ArgumentParser) -> None:
                        help="bits of the activations, 2..16 (0: keep float; default 8)")
     group.add_argument("--qe-bits-wts", "--qebw", dest="qe_bits_wts", type=bits, default=8,
                        help="bits of the weights, 2..16 (0: keep float; default 8)")
-    group.add_argument("--qe-bits-accum", dest="qe_bits_accum", type=_integer(1, 32),
+    group.add_argument("--qe-bits-accum", dest="qe_bits_accum", type=integer(1, 32),
                        default=32, help="bits of the accumulator (default 32)")
     group.add_argument("--qe-clip-acts", "--qeca", dest="qe_clip_acts", choices=QE_CLIP_MODES,
                        default="none", help="activation clipping (default none)")
     group.add_argument("--qe-clip-n-stds", dest="qe_clip_n_stds",
-                       type=_real(0.0, None, low_open=True), default=None,
+                       type=real(0.0, None, low_open=True), default=None,
                        help="with --qe-clip-acts n_std: clip at mean +- N standard deviations")
     group.add_argument("--qe-no-clip-layers", "--qencl", dest="qe_no_clip_layers", nargs="+",
                        default=[], metavar="LAYER", help="layers whose activations are not "
@@ -317,6 +269,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add_distillation_args(parser)
     _add_report_args(parser)
     _add_quantization_args(parser)
+    add_budget_args(parser)
     return parser
 
 
@@ -345,6 +298,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UsageError("--reset-optimizer needs --resume-from CKPT")
     if args.resume_from and args.load_weights_from:
         raise UsageError("give either --resume-from or --exp-load-weights-from, not both")
+    check_budget(args, _non_training_mode(args))
     _check_distillation(args)
     _check_epoch_reports(args)
     _check_quantization(args)
@@ -417,9 +371,10 @@ def _check_quantization(args: argparse.Namespace) -> None:
         return
     flag = ("--qe-convert-pytorch" if args.qe_convert_pytorch and not args.quantize_eval
             else "--qe-calibration" if not args.quantize_eval else "--quantize-eval")
-    if not args.evaluate:
+    if not args.evaluate and not budget_requested(args):
         raise UsageError(f"{flag} quantizes a trained model for evaluation and needs -e (as in "
-                         "Distiller); add -e, with --resume-from CKPT or --pretrained")
+                         "Distiller) or a budget (--target-*); add -e, with --resume-from CKPT "
+                         "or --pretrained")
     for other, on in (("--thinnify", args.thinnify), ("--sense", args.sense),
                       ("--export-onnx", args.export_onnx is not None)):
         if on:

@@ -171,11 +171,13 @@ def start_distillation(config: TrainConfig, setup: RunSetup, student: nn.Module,
 
 def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: DatasetSplits,
                  run_dir: Path | None, config: TrainConfig, args_record: Mapping[str, Any],
-                 distillation: Any = None) -> dict[str, Any]:
+                 distillation: Any = None, extra: Mapping[str, Any] | None = None
+                 ) -> dict[str, Any]:
     """Train from the start or the checkpoint's epoch to config.epochs; returns final metrics.
 
     `distillation` is what start_distillation returned (built before the run directory, so
-    its refusals leave no file behind).
+    its refusals leave no file behind); `extra` holds checkpoint keys a command adds (a budget
+    run's search state).
     """
     optimizer = make_optimizer(_trainable_parameters(model), config.optimizer)
     compression = _load_compression(config, model, optimizer, setup.seed)
@@ -220,7 +222,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
                     compression=compression.state_dict() if compression is not None else None,
                     distillation=distillation.record() if distillation is not None else None,
                     epoch=epoch, best_top1=state.best_top1, best_epoch=state.best_epoch,
-                    rng=get_rng_state(), history=state.history), is_best)
+                    rng=get_rng_state(), history=state.history, **(extra or {})), is_best)
                 write_metrics_csv(run_dir, state.history)
     test = evaluate(net, eval_loader(data.test, loader_cfg.batch_size, loader_cfg.workers, ctx),
                     ctx.device, reduce=reduce, desc="test")

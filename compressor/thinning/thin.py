@@ -51,9 +51,9 @@ def _consumer_inputs(model: nn.Module, modules: Iterable[nn.Module], inputs: Ten
     return captured
 
 
-def _constant(x: Tensor, idx: int) -> float | None:
-    """The value of channel/feature `idx` if it is the same everywhere in x, else None."""
-    values = x[:, idx]
+def _constant(x: Tensor, idx: int, dim: int) -> float | None:
+    """The value of channel/feature `idx` (along `dim`) if it is the same everywhere in x."""
+    values = x.select(dim, idx)
     first = values.reshape(-1)[0]
     scale = max(1.0, float(first.abs()))
     return float(first) if float((values - first).abs().max()) <= CONST_TOL * scale else None
@@ -163,7 +163,9 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
         for i, r in zip(idxs, rs, strict=True):
             if r not in dead or r in unused:
                 continue
-            value = None if x is None else _constant(x, i)
+            # a linear layer reads features on the last axis (channels-last blocks: ConvNeXt)
+            dim = -1 if isinstance(module, nn.Linear) else 1
+            value = None if x is None else _constant(x, i, dim)
             if value is None or (value != 0.0 and is_depthwise(module)
                                  and not _is_unpadded(module)):
                 dead.discard(r)  # not provably constant here: keep the channel

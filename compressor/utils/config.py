@@ -5,14 +5,14 @@ Library code (training, thinning, model resolution) takes these, never argparse.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 __all__ = ["OptimizerConfig", "LoaderConfig", "DataConfig", "ModelRequest", "DistillationConfig",
-           "ReportConfig", "TrainConfig", "QuantizeConfig", "make_optimizer"]
+           "ReportConfig", "TrainConfig", "QuantizeConfig", "BudgetConfig", "make_optimizer"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,17 @@ class QuantizeConfig:
     def calibrate_only(self) -> bool:
         """--qe-calibration alone: collect statistics, write them, quantize nothing."""
         return self.calibration is not None and not (self.quantize or self.convert)
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    """A budget run: targets as fractions of the dense model's figures, and how to measure."""
+
+    targets: Mapping[str, float]  # "macs" | "params" | "latency" | "size" -> fraction
+    max_drop: float | None = None  # validation top-1 points the budget may cost
+    latency_batch: int = 1
+    latency_threads: int = 1
+    distill: bool = True  # fine-tune with the dense model as teacher
 
 
 @dataclass(frozen=True)

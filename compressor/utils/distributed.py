@@ -7,6 +7,7 @@ import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -15,8 +16,8 @@ from torch import Tensor
 from compressor.utils.errors import UsageError
 
 __all__ = ["DistContext", "ReplicaMismatchError", "init_distributed", "pick_device",
-           "is_distributed", "rank", "world_size", "all_reduce_sum", "barrier", "shutdown",
-           "shared_generator", "checksum", "verify_identical"]
+           "is_distributed", "rank", "world_size", "all_reduce_sum", "broadcast_object", "barrier",
+           "shutdown", "shared_generator", "checksum", "verify_identical"]
 
 LOG = logging.getLogger("compressor")
 
@@ -133,6 +134,15 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's `value` on every process (the value itself when running alone)."""
+    if not is_distributed():
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
 
 
 def barrier() -> None:

@@ -1,0 +1,154 @@
+"""Channel groups a budget search may shrink: layers whose filters go together.
+
+Torch-Pruning's dependency graph couples channels across residual additions, batch norms and
+concatenations. A group here is the set of layers that produce one coupled set of channels;
+pruning the same filters of all of them (ranked by the first, Distiller's `Leader`) makes the
+channels dead, and thinning removes them with everything that reads them. Groups that thinning
+leaves alone (a channel reaching the model's output, a zero-padded shortcut, a grouped
+convolution, a layer thinning does not know) are left out, as is any group that a probe
+shows thinning would not remove.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from compressor.pruning.graph import following_batchnorms
+from compressor.pruning.groups import group_norms
+from compressor.thinning.recipe import THINNABLE, is_depthwise, module_sizes
+from compressor.thinning.support import dependency_graph, is_grouped
+from compressor.thinning.thin import find_thinning
+
+__all__ = ["ChannelGroup", "prunable_groups", "leader_ranking", "batchnorms_of",
+           "mask_group_filters"]
+
+CONV = nn.modules.conv._ConvNd
+
+
+@dataclass(frozen=True)
+class ChannelGroup:
+    """Layers (weight names, the ranked leader first) whose filters are pruned together, and
+    every module whose channels go with them: (name, role), role "out" for the producers,
+    "in" for layers reading the channels, "through" for depthwise convolutions and norms."""
+
+    weights: tuple[str, ...]
+    channels: int
+    members: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def leader(self) -> str:
+        """The weight whose filter norms rank the group's channels."""
+        return self.weights[0]
+
+    @property
+    def layer(self) -> str:
+        """The leader's module name (how the group is named in reports)."""
+        return self.leader.rsplit(".", 1)[0]
+
+
+def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str]] | None:
+    """Every module of a group with its role ("out", "in", "through"), or None when thinning
+    would leave the group alone."""
+    members: list[tuple[nn.Module, str]] = []
+    for dep, idxs in group:
+        module = dep.target.module
+        if not isinstance(module, nn.Module) or type(module).__module__.startswith(
+                "torch_pruning"):
+            if type(module).__name__ == "_OutputOp" or "Pad" in str(
+                    getattr(module, "_grad_fn", "")):
+                return None
+            continue
+        if not isinstance(module, THINNABLE) or is_grouped(module):
+            return None
+        outputs = graph.is_out_channel_pruning_fn(dep.handler)
+        if not isinstance(module, (CONV, nn.Linear)) or is_depthwise(module):
+            members.append((module, "through"))
+        elif outputs:
+            if list(idxs) != list(range(module_sizes(module)[0])):
+                return None  # a producer of only part of the channels: not a whole layer
+            members.append((module, "out"))
+        else:
+            members.append((module, "in"))
+    return members if any(role == "out" for _, role in members) else None
+
+
+def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
+    graph = dependency_graph(model, inputs)
+    names = {module: name for name, module in model.named_modules()}
+    order = {module: index for index, module in enumerate(names)}
+    found: list[ChannelGroup] = []
+    seen: set[tuple[str, ...]] = set()
+    for group in graph.get_all_groups(root_module_types=(CONV, nn.Linear)):
+        members = _members(group, graph)
+        if members is None:
+            continue
+        producers = sorted({m for m, role in members if role == "out"}, key=order.__getitem__)
+        sizes = {module_sizes(m)[0] for m in producers}
+        weights = tuple(f"{names[m]}.weight" for m in producers)
+        if len(sizes) != 1 or weights in seen:
+            continue
+        seen.add(weights)
+        roles = tuple(dict.fromkeys((names[m], role) for m, role in members))
+        found.append(ChannelGroup(weights, sizes.pop(), roles))
+    return found
+
+
+def leader_ranking(model: nn.Module, group: ChannelGroup) -> Tensor:
+    """The group's channel indices, least important first (the leader's filter L1 norms)."""
+    weight = model.get_parameter(group.leader).detach()
+    norms = group_norms(weight, "Filters" if weight.dim() > 2 else "Rows", 1)
+    return torch.argsort(norms.cpu(), stable=True)
+
+
+def batchnorms_of(model: nn.Module, groups: list[ChannelGroup]) -> dict[str, str | None]:
+    """Layer name -> the batch norm that alone reads its output, for every layer of `groups`."""
+    layers = [w.rsplit(".", 1)[0] for g in groups for w in g.weights]
+    return following_batchnorms(model, layers)
+
+
+def mask_group_filters(model: nn.Module, group: ChannelGroup, channels: Tensor,
+                       batchnorms: dict[str, str | None]) -> None:
+    """Zero `channels` of every layer of the group, with their biases and the batch norms that
+    follow them (in place), so the channels carry exact zeros as the structure pruners leave."""
+    with torch.no_grad():
+        for weight_name in group.weights:
+            layer_name = weight_name.rsplit(".", 1)[0]
+            layer = model.get_submodule(layer_name)
+            layer.weight[channels] = 0.0
+            if getattr(layer, "bias", None) is not None:
+                layer.bias[channels] = 0.0
+            norm_name = batchnorms.get(layer_name)
+            if norm_name is not None:
+                norm = model.get_submodule(norm_name)
+                if norm.weight is not None:
+                    norm.weight[channels] = 0.0
+                if norm.bias is not None:
+                    norm.bias[channels] = 0.0
+
+
+def prunable_groups(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
+    """The model's channel groups whose pruned filters thinning removes, every one of them.
+
+    A probe zeroes the least important half of every candidate group's channels on a copy
+    and keeps the groups whose every layer then loses exactly those: a channel that a norm
+    turns into a constant before a zero-padded convolution (pre-activation blocks) cannot be
+    removed exactly, and its group is left out.
+    """
+    candidates = [g for g in _candidates(model, inputs) if g.channels > 1]
+    if not candidates:
+        return []
+    probe = copy.deepcopy(model).eval()
+    batchnorms = batchnorms_of(probe, candidates)
+    for group in candidates:
+        mask_group_filters(probe, group, leader_ranking(probe, group)[:group.channels // 2],
+                           batchnorms)
+    recipe, _ = find_thinning(probe, inputs, exact=True)
+    removed = recipe["modules"]
+    return [g for g in candidates
+            if all(len(removed.get(w.rsplit(".", 1)[0], {}).get("out", [])) == g.channels // 2
+                   for w in g.weights)]

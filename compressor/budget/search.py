@@ -1,0 +1,246 @@
+"""The budget search: how many channels of each group to remove so every budget holds.
+
+1. Probe: each group alone loses half its channels (its leader's lowest filter norms, masked);
+   the rise of the validation loss is the group's sensitivity. A channel's price is what its
+   removal saves of the budgeted cost (MACs, or parameters), to first order over every layer
+   that produces, reads or passes it (compressor.budget.prices).
+2. Rank every channel of every group by (sensitivity x the channel's norm relative to its
+   layer's mean) / price: a global ranking normalised by each group's cost, never a uniform
+   ratio. Channels of one group keep their leader's order; a group keeps at least
+   `min_keep` of its channels.
+3. Bisect the number of channels removed along that ranking to the fewest that meet every
+   budget, each candidate thinned and measured (latency timed on the thinned model).
+
+Every evaluation is cached under the candidate's per-group counts; the state is plain values,
+so it rides in a checkpoint and a resumed search replays the same decisions from the cache.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from torch import Tensor, nn
+
+from compressor.budget.groups import (
+    ChannelGroup,
+    batchnorms_of,
+    leader_ranking,
+    mask_group_filters,
+    prunable_groups,
+)
+from compressor.budget.measure import figures
+from compressor.budget.prices import channel_prices
+from compressor.pruning.groups import group_norms
+from compressor.thinning.recipe import apply_thinning_recipe
+from compressor.thinning.thin import find_thinning
+from compressor.utils.errors import UsageError
+
+__all__ = ["Budget", "SearchResult", "BudgetSearch", "STATE_VERSION", "build_candidate",
+           "ranking_quantity"]
+
+STATE_VERSION = 1
+LOG = logging.getLogger("compressor")
+EvaluateFn = Callable[[nn.Module], Mapping[str, float]]
+MeasureFn = Callable[[nn.Module, tuple[str, ...]], Mapping[str, float]]
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Targets as fractions of the dense model's figures; all must hold."""
+
+    targets: Mapping[str, float]
+    min_keep: float = 0.1  # the smallest fraction of a group's channels that is kept
+
+    @property
+    def quantities(self) -> tuple[str, ...]:
+        """The budgeted quantities, in a fixed order."""
+        return tuple(sorted(self.targets))
+
+
+def ranking_quantity(quantity: str) -> str:
+    """What prices a channel for `quantity`: latency by MACs, saved size by parameters."""
+    return {"latency": "macs", "size": "params"}.get(quantity, quantity)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The chosen per-group counts of removed channels, and whether every budget holds."""
+
+    groups: tuple[ChannelGroup, ...]
+    removed: tuple[int, ...]
+    ratios: Mapping[str, float]  # quantity -> achieved fraction of the dense figure
+    met: bool
+
+
+def _key(removed: tuple[int, ...]) -> str:
+    return ",".join(str(n) for n in removed)
+
+
+def build_candidate(dense: nn.Module, groups: tuple[ChannelGroup, ...], removed: tuple[int, ...],
+                    rankings: list[Tensor], batchnorms: Mapping[str, str | None],
+                    inputs: Tensor) -> nn.Module:
+    """A thinned copy of `dense` without the `removed[i]` least important channels of group i."""
+    model = copy.deepcopy(dense).eval()
+    for group, count, ranking in zip(groups, removed, rankings, strict=True):
+        if count:
+            mask_group_filters(model, group, ranking[:count], dict(batchnorms))
+    recipe, _ = find_thinning(model, inputs, exact=True)
+    apply_thinning_recipe(model, recipe)
+    return model
+
+
+class BudgetSearch:
+    """Run (or resume, from `state`) the search on a dense model; see the module docstring."""
+
+    def __init__(self, dense: nn.Module, inputs: Tensor, budget: Budget, evaluate: EvaluateFn,
+                 measure: MeasureFn, state: Mapping[str, Any] | None = None,
+                 on_evaluation: Callable[[dict[str, Any]], None] | None = None) -> None:
+        self.dense = dense.eval()
+        self.inputs = inputs
+        self.budget = budget
+        self.evaluate = evaluate
+        self.measure = measure
+        self.on_evaluation = on_evaluation
+        self.state: dict[str, Any] = copy.deepcopy(dict(state)) if state else {
+            "version": STATE_VERSION, "targets": dict(budget.targets), "evaluations": {}}
+        if self.state.get("version") != STATE_VERSION:
+            raise UsageError("the checkpoint's budget search is of another version; start the "
+                             "budget run again from the dense checkpoint")
+        if "groups" in self.state:
+            self.groups = tuple(ChannelGroup(tuple(g["weights"]), int(g["channels"]),
+                                             tuple((m[0], m[1]) for m in g["members"]))
+                                for g in self.state["groups"])
+        else:
+            self.groups = tuple(prunable_groups(self.dense, inputs))
+            self.state["groups"] = [{"weights": list(g.weights), "channels": g.channels,
+                                     "members": [list(m) for m in g.members]}
+                                    for g in self.groups]
+        if not self.groups:
+            raise UsageError("the budget search found no channel group that thinning can "
+                             "remove in this model; use a schedule (--compress) instead")
+        self.rankings = [leader_ranking(self.dense, g) for g in self.groups]
+        self.batchnorms = batchnorms_of(self.dense, list(self.groups))
+
+    # -- evaluations ------------------------------------------------------------------------
+    @property
+    def evaluations(self) -> dict[str, dict[str, Any]]:
+        """Every candidate evaluated so far, keyed by its per-group counts."""
+        return self.state["evaluations"]
+
+    def _evaluate(self, removed: tuple[int, ...], phase: str,
+                  quantities: tuple[str, ...]) -> dict[str, Any]:
+        key = _key(removed)
+        cached = self.evaluations.get(key)
+        if cached is not None and all(q in cached["figures"] for q in quantities):
+            return cached
+        model = (self.dense if not any(removed) else build_candidate(
+            self.dense, self.groups, removed, self.rankings, self.batchnorms, self.inputs))
+        scores = dict(self.evaluate(model)) if cached is None else cached
+        figures = {**(cached or {}).get("figures", {}), **self.measure(model, quantities)}
+        entry = {"removed": list(removed), "phase": (cached or {}).get("phase", phase),
+                 "top1": float(scores["top1"]), "loss": float(scores["loss"]),
+                 "figures": {k: float(v) for k, v in figures.items()}}
+        self.evaluations[key] = entry
+        dense = self.evaluations.get(_key((0,) * len(self.groups)))
+        shown = ", ".join(f"{q} {entry['figures'][q] / dense['figures'][q]:.3f}"
+                          for q in quantities if dense and q in dense["figures"])
+        LOG.info("budget search (%s): %d channels removed, val top1 %.2f loss %.4f%s", phase,
+                 sum(removed), entry["top1"], entry["loss"], f", {shown}" if shown else "")
+        if self.on_evaluation is not None:
+            self.on_evaluation(self.state)
+        return entry
+
+    def dense_entry(self) -> dict[str, Any]:
+        """The dense model's evaluation (validation scores, every budgeted figure)."""
+        return self._evaluate((0,) * len(self.groups), "dense", self.budget.quantities)
+
+    def ratios(self, entry: Mapping[str, Any]) -> dict[str, float]:
+        """Each budgeted figure of `entry` as a fraction of the dense model's."""
+        dense = self.dense_entry()["figures"]
+        return {q: entry["figures"][q] / dense[q] for q in self.budget.quantities}
+
+    def _met(self, entry: Mapping[str, Any]) -> bool:
+        ratios = self.ratios(entry)
+        return all(ratios[q] <= self.budget.targets[q] for q in self.budget.quantities)
+
+    # -- the search -------------------------------------------------------------------------
+    def _price_quantities(self) -> tuple[str, ...]:
+        return tuple(sorted({ranking_quantity(q) for q in self.budget.quantities}))
+
+    def _probe(self, index: int) -> dict[str, Any]:
+        """Validation scores with half the group's channels masked (no thinning needed: the
+        masked model computes what the thinned one would)."""
+        removed = [0] * len(self.groups)
+        removed[index] = self.groups[index].channels // 2
+        key = _key(tuple(removed))
+        cached = self.evaluations.get(key)
+        if cached is not None:
+            return cached
+        model = copy.deepcopy(self.dense).eval()
+        mask_group_filters(model, self.groups[index], self.rankings[index][:removed[index]],
+                           dict(self.batchnorms))
+        scores = self.evaluate(model)
+        entry = {"removed": removed, "phase": "probe", "top1": float(scores["top1"]),
+                 "loss": float(scores["loss"]), "figures": {}}
+        self.evaluations[key] = entry
+        LOG.info("budget search (probe): %s loses %d of %d channels, val top1 %.2f loss %.4f",
+                 self.groups[index].layer, removed[index], self.groups[index].channels,
+                 entry["top1"], entry["loss"])
+        if self.on_evaluation is not None:
+            self.on_evaluation(self.state)
+        return entry
+
+    def _order(self) -> list[int]:
+        """Group indices, one per channel, in the order the channels are removed."""
+        dense = self.dense_entry()
+        prices = channel_prices(self.dense, self.groups)
+        dense_totals = {q: dense["figures"].get(q) or float(
+            figures(self.dense, (q,), None)[q]) for q in self._price_quantities()}
+        keyed: list[tuple[float, int, int]] = []
+        for index, group in enumerate(self.groups):
+            probe = self._probe(index)
+            price = sum(prices[q][index] / dense_totals[q] for q in self._price_quantities())
+            rise = max(probe["loss"] - dense["loss"], 1e-4 * max(dense["loss"], 1e-3))
+            weight = self.dense.get_parameter(group.leader).detach()
+            norms = group_norms(weight, "Filters" if weight.dim() > 2 else "Rows", 1).cpu()
+            relative = norms[self.rankings[index]] / norms.mean().clamp_min(1e-12)
+            limit = min(group.channels - 1,
+                        group.channels - math.ceil(self.budget.min_keep * group.channels))
+            for position in range(max(limit, 0)):
+                score = rise * float(relative[position]) / max(price, 1e-12)
+                keyed.append((score, index, position))
+        keyed.sort()
+        return [index for _, index, _ in keyed]
+
+    def _counts(self, order: list[int], taken: int) -> tuple[int, ...]:
+        removed = [0] * len(self.groups)
+        for index in order[:taken]:
+            removed[index] += 1
+        return tuple(removed)
+
+    def run(self) -> SearchResult:
+        """Bisect along the ranking to the fewest channels removed that meet every budget."""
+        quantities = self.budget.quantities
+        self.dense_entry()
+        order = self._order()
+        low, high = 0, len(order)
+        top = self._evaluate(self._counts(order, high), "search", quantities)
+        if self._met(top):
+            while high - low > 1:
+                middle = (low + high) // 2
+                entry = self._evaluate(self._counts(order, middle), "search", quantities)
+                if self._met(entry):
+                    high = middle
+                else:
+                    low = middle
+        chosen = self._evaluate(self._counts(order, high), "search", quantities)
+        self.state["chosen"] = chosen["removed"]
+        if self.on_evaluation is not None:
+            self.on_evaluation(self.state)
+        return SearchResult(self.groups, tuple(chosen["removed"]), self.ratios(chosen),
+                            self._met(chosen))

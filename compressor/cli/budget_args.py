@@ -1,0 +1,99 @@
+"""The budget flags: compress a trained model to fractions of its own MACs, parameters,
+latency or saved size in one run (and Distiller's --greedy spelling of a MACs budget)."""
+
+from __future__ import annotations
+
+import argparse
+
+from compressor.cli.domains import integer, real
+from compressor.utils.config import BudgetConfig
+from compressor.utils.errors import UsageError
+
+__all__ = ["add_budget_args", "check_budget", "budget_requested", "budget_config", "TARGETS"]
+
+# flag -> budgeted quantity
+TARGETS = (("--target-macs", "macs"), ("--target-params", "params"),
+           ("--target-latency", "latency"), ("--target-size", "size"))
+_fraction = real(0.0, 1.0, low_open=True, high_open=True)
+
+
+def add_budget_args(parser: argparse.ArgumentParser) -> None:
+    """--target-*, --max-drop, --latency-*, --no-kd, --greedy*."""
+    group = parser.add_argument_group(
+        "budget", "compress a trained model (--resume-from or --pretrained) until every budget "
+        "holds: search per-layer ratios, prune, thin, fine-tune --epochs with distillation")
+    for flag, quantity in TARGETS:
+        group.add_argument(flag, dest=f"target_{quantity}", type=_fraction, default=None,
+                           metavar="F", help=f"{quantity} as a fraction of the dense model's, "
+                           "in (0, 1)" + (" (after int8 with --qe)" if quantity == "size"
+                                          else ""))
+    group.add_argument("--max-drop", dest="max_drop", type=real(0.0, 100.0), default=None,
+                       metavar="PTS", help="accuracy floor: most validation top-1 points the "
+                       "budget may cost (reported as met or not)")
+    group.add_argument("--latency-batch", dest="latency_batch", type=integer(1, 4096),
+                       default=None, metavar="N", help="batch size of latency measurements "
+                       "(default 1)")
+    group.add_argument("--latency-threads", dest="latency_threads", type=integer(1, 1024),
+                       default=None, metavar="N", help="CPU threads of latency measurements "
+                       "(default 1)")
+    group.add_argument("--no-kd", dest="no_kd", action="store_true",
+                       help="fine-tune without distillation from the dense model")
+    group.add_argument("--greedy", action="store_true",
+                       help="Distiller's greedy search: here a budget run with --target-macs")
+    group.add_argument("--greedy-target-density", dest="greedy_target_density", type=_fraction,
+                       default=None, metavar="D", help="with --greedy: the MACs fraction to "
+                       "reach (= --target-macs D)")
+
+
+def budget_requested(args: argparse.Namespace) -> bool:
+    """Whether the command line gives a budget (a --target-* or --greedy)."""
+    return args.greedy or any(getattr(args, f"target_{q}") is not None for _, q in TARGETS)
+
+
+def _map_greedy(args: argparse.Namespace) -> None:
+    if args.greedy_target_density is not None and not args.greedy:
+        raise UsageError("--greedy-target-density needs --greedy (or write --target-macs D)")
+    if not args.greedy:
+        return
+    if args.greedy_target_density is None:
+        raise UsageError("--greedy needs --greedy-target-density D (the MACs fraction to reach)")
+    if args.target_macs is not None and args.target_macs != args.greedy_target_density:
+        raise UsageError("--greedy-target-density and --target-macs disagree; give one")
+    args.target_macs = args.greedy_target_density
+
+
+def check_budget(args: argparse.Namespace, non_training_mode: str | None) -> None:
+    """Cross-check the budget flags (maps --greedy onto --target-macs); UsageError otherwise."""
+    _map_greedy(args)
+    if not budget_requested(args):
+        extra = [flag for flag, on in (
+            ("--max-drop", args.max_drop is not None), ("--no-kd", args.no_kd),
+            ("--latency-batch", args.latency_batch is not None),
+            ("--latency-threads", args.latency_threads is not None)) if on]
+        if extra and args.resume_from is None:
+            raise UsageError(f"{extra[0]} belongs to a budget run; add a --target-* budget or "
+                             f"drop {extra[0]}")
+        return
+    if non_training_mode is not None:
+        raise UsageError(f"a budget (--target-*) compresses by fine-tuning, and "
+                         f"{non_training_mode} trains nothing; drop one of them")
+    if args.resume_from is None and not args.pretrained:
+        raise UsageError("a budget run compresses a trained model: pass --resume-from "
+                         "DENSE.pth.tar or -a ARCH --pretrained")
+    if args.compress is not None:
+        raise UsageError("a budget run writes its own schedule (budget_schedule.yaml); drop "
+                         "--compress")
+    if args.target_latency is None and (args.latency_batch is not None
+                                        or args.latency_threads is not None):
+        raise UsageError("--latency-batch/--latency-threads set how --target-latency is "
+                         "measured; add --target-latency or drop them")
+
+
+def budget_config(args: argparse.Namespace) -> BudgetConfig:
+    """The budget flags as a typed config."""
+    targets = {q: getattr(args, f"target_{q}") for _, q in TARGETS
+               if getattr(args, f"target_{q}") is not None}
+    return BudgetConfig(targets=targets, max_drop=args.max_drop,
+                        latency_batch=args.latency_batch or 1,
+                        latency_threads=args.latency_threads or 1,
+                        distill=not args.no_kd)

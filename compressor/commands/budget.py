@@ -1,0 +1,378 @@
+"""A budget run: search per-group channel counts, prune progressively, thin, fine-tune with
+distillation from the dense model, quantize with --qe, and prove every budget was met.
+
+The run starts from given weights (a dense checkpoint, or --pretrained) as a new run. Its
+checkpoints carry the search state under `budget`: the cache of every candidate evaluated,
+and once chosen, the allocation and the schedule, so `--resume-from` one of them continues
+the search, or the fine-tune, where it stopped.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from torch import nn
+
+from compressor.assembly.setup import RunSetup
+from compressor.assembly.state import assemble_checkpoint
+from compressor.budget.measure import LatencySetting, figures
+from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
+from compressor.budget.search import Budget, BudgetSearch
+from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
+from compressor.commands.train import check_resume_epochs, run_training, start_distillation
+from compressor.data import DatasetSplits
+from compressor.reports.budget import budget_rows, budget_table, plot_pareto, write_budget_json
+from compressor.reports.metrics import model_file_size
+from compressor.thinning.transform import probe_batch
+from compressor.training.checkpoint import save_run_checkpoint
+from compressor.training.run_dir import (
+    choose_run_dir,
+    logging_to,
+    write_args_yaml,
+    write_results_json,
+)
+from compressor.utils.config import (
+    BudgetConfig,
+    DataConfig,
+    DistillationConfig,
+    ModelRequest,
+    QuantizeConfig,
+    TrainConfig,
+)
+from compressor.utils.distributed import DistContext, barrier, broadcast_object
+from compressor.utils.errors import UsageError
+
+__all__ = ["BudgetRun", "is_budget_run", "run_budget", "output_channels", "SCHEDULE_NAME",
+           "REPORT_NAME", "PARETO_NAME"]
+
+LOG = logging.getLogger("compressor")
+SCHEDULE_NAME = "budget_schedule.yaml"
+REPORT_NAME = "budget.json"
+PARETO_NAME = "pareto.png"
+SAVE_EVERY_S = 2.0  # the search checkpoints its cache at most this often (and at its end)
+QE_SIZE_FRACTION = 0.25  # int8 weights over float32: the size estimate while searching
+
+
+@dataclass(frozen=True)
+class BudgetRun:
+    """Everything a budget run needs from the command line, as typed configs."""
+
+    budget: BudgetConfig
+    train: TrainConfig
+    data: DataConfig
+    quantize: QuantizeConfig | None
+    output_dir: str
+    name: str | None
+    arguments: Mapping[str, Any]
+    distillation: DistillationConfig | None  # --kd-* given explicitly
+
+
+def _recorded(setup: RunSetup) -> dict[str, Any] | None:
+    state = (setup.checkpoint or {}).get("budget")
+    return dict(state) if isinstance(state, Mapping) else None
+
+
+def is_budget_run(setup: RunSetup, budget: BudgetConfig, training: bool, reset: bool) -> bool:
+    """A training command with a budget, or resuming a budget run's checkpoint."""
+    return training and (bool(budget.targets) or (_recorded(setup) is not None and not reset))
+
+
+def _starting_state(run: BudgetRun, setup: RunSetup) -> dict[str, Any] | None:
+    """The recorded search state to continue (None for a new budget run)."""
+    recorded = None if run.train.reset_optimizer else _recorded(setup)
+    if recorded is None:
+        return None
+    given = dict(run.budget.targets)
+    if given and given != dict(recorded.get("targets", {})):
+        shown = ", ".join(f"{q} {v:g}" for q, v in sorted(recorded.get("targets", {}).items()))
+        raise UsageError(f"{setup.checkpoint_path} continues a budget run with targets {shown};"
+                         " repeat them (or drop the --target-* flags), or start a new budget "
+                         "run from its weights with --reset-optimizer")
+    return recorded
+
+
+def _teacher(run: BudgetRun, setup: RunSetup, state: Mapping[str, Any] | None
+             ) -> dict[str, Any] | None:
+    """The distillation teacher as plain values: the dense checkpoint or pretrained arch."""
+    if state is not None:
+        return state.get("teacher")
+    if not run.budget.distill:
+        return None
+    if run.distillation is not None:
+        request = run.distillation.teacher
+        return {"arch": request.arch, "checkpoint": str(request.checkpoint)
+                if request.checkpoint else None, "pretrained": request.pretrained}
+    if setup.checkpoint_path is not None:
+        return {"arch": None, "checkpoint": str(setup.checkpoint_path), "pretrained": False}
+    return {"arch": setup.arch, "checkpoint": None, "pretrained": True}
+
+
+def _distillation(run: BudgetRun, teacher: Mapping[str, Any] | None
+                  ) -> DistillationConfig | None:
+    if teacher is None:
+        return None
+    request = ModelRequest(arch=teacher["arch"], checkpoint=Path(teacher["checkpoint"])
+                           if teacher["checkpoint"] else None, pretrained=teacher["pretrained"])
+    base = run.distillation or DistillationConfig(teacher=request)
+    return replace(base, teacher=request)
+
+
+def _fine_tuning(setup: RunSetup, state: Mapping[str, Any] | None) -> bool:
+    """Whether the checkpoint is one of the fine-tune's epochs (not the search's)."""
+    epoch = (setup.checkpoint or {}).get("epoch", -1)
+    return state is not None and "schedule" in state and isinstance(epoch, int) and epoch >= 0
+
+
+class _SearchSaver:
+    """Checkpoint the search's cache (rank 0) at most every SAVE_EVERY_S seconds."""
+
+    def __init__(self, model: nn.Module, run_dir: Path | None, record: Mapping[str, Any]
+                 ) -> None:
+        self.model, self.run_dir, self.record = model, run_dir, record
+        self.last = 0.0
+
+    def __call__(self, state: dict[str, Any], force: bool = False) -> None:
+        now = time.monotonic()
+        if self.run_dir is None or (not force and now - self.last < SAVE_EVERY_S):
+            return
+        self.last = now
+        save_run_checkpoint(self.run_dir, assemble_checkpoint(
+            self.model, args=self.record, epoch=-1, best_top1=float("-inf"), best_epoch=-1,
+            budget=state), False)
+
+
+def _measure_fn(dense: nn.Module, latency: LatencySetting | None, size_scale: float
+                ) -> Callable[[nn.Module, tuple[str, ...]], dict[str, float]]:
+    def measure(model: nn.Module, quantities: tuple[str, ...]) -> dict[str, float]:
+        measured = figures(model, quantities, latency)
+        if "latency" in measured:  # rank 0 times it; every rank decides on the same figure
+            measured["latency"] = broadcast_object(measured["latency"])
+        if "size" in measured and model is not dense:
+            measured["size"] *= size_scale
+        return measured
+    return measure
+
+
+def _search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
+            data: DatasetSplits, state: dict[str, Any], saver: _SearchSaver) -> dict[str, Any]:
+    """Run (or finish) the search; returns the state with `chosen` and the dense figures."""
+    started = time.perf_counter()
+    latency = _latency_setting(state, ctx)
+    size_scale = QE_SIZE_FRACTION if state.get("quantize") else 1.0
+    validate = evaluation_fn(data.val, run.train.loader, ctx, desc="search")
+    search = BudgetSearch(model, probe_batch(model), Budget(state["targets"]), validate,
+                          _measure_fn(model, latency, size_scale), state=state,
+                          on_evaluation=saver)
+    result = search.run()
+    state = search.state
+    if "dense_test_top1" not in state:
+        test = evaluation_fn(data.test, run.train.loader, ctx)(model)
+        state["dense_test_top1"] = float(test["top1"])
+    state["search_seconds"] = float(state.get("search_seconds", 0.0)) + (
+        time.perf_counter() - started)
+    state["dense_figures"] = search.dense_entry()["figures"]
+    state["dense_val_top1"] = search.dense_entry()["top1"]
+    state["search_met"] = result.met
+    quantities = set(state["targets"])
+    for entry in state["evaluations"].values():
+        if quantities <= set(entry["figures"]):  # probes are scored, never measured
+            entry["ratios"] = search.ratios(entry)
+    saver(state, force=True)
+    return state
+
+
+def _latency_setting(state: Mapping[str, Any], ctx: DistContext) -> LatencySetting | None:
+    recorded = state.get("latency")
+    if recorded is None:
+        return None
+    return LatencySetting(batch=int(recorded["batch"]), threads=int(recorded["threads"]),
+                          device=str(ctx.device))
+
+
+def _new_state(run: BudgetRun, setup: RunSetup, ctx: DistContext) -> dict[str, Any]:
+    state: dict[str, Any] = {"version": 1, "targets": dict(run.budget.targets),
+                             "evaluations": {}, "quantize": run.quantize is not None,
+                             "max_drop": run.budget.max_drop, "epochs": run.train.epochs,
+                             "teacher": _teacher(run, setup, None)}
+    if "latency" in run.budget.targets:
+        state["latency"] = {"batch": run.budget.latency_batch,
+                            "threads": run.budget.latency_threads, "device": str(ctx.device)}
+    return state
+
+
+def _write_schedule(state: dict[str, Any], groups: list[dict[str, Any]], epochs: int,
+                    run_dir: Path | None) -> Path:
+    from compressor.budget.groups import ChannelGroup
+
+    channel_groups = [ChannelGroup(tuple(g["weights"]), int(g["channels"])) for g in groups]
+    schedule = budget_schedule(channel_groups, state["chosen"], epochs)
+    targets = ", ".join(f"{q} {v:g}" for q, v in sorted(state["targets"].items()))
+    text = schedule_text(schedule, [
+        f"Written by a compressor budget run (targets: {targets} of the dense model).",
+        f"Prunes over the first {pruning_epochs(epochs)} of {epochs} epochs, then thins; "
+        "rerun with --compress THIS_FILE."])
+    state["schedule"] = text
+    path = (run_dir if run_dir is not None else Path(".")) / SCHEDULE_NAME
+    if run_dir is not None:
+        from compressor.utils.atomic_io import atomic_write_text
+
+        atomic_write_text(path, text)
+    barrier()
+    return path
+
+
+def output_channels(model: nn.Module, layer: str) -> int:
+    """The number of filters (output features) of `layer` in `model`."""
+    module = model.get_submodule(layer)
+    return int(getattr(module, "out_channels", getattr(module, "out_features", 0)))
+
+
+def _layers(state: Mapping[str, Any], model: nn.Module) -> list[dict[str, Any]]:
+    """Per group: its layers, channels before, chosen to remove, and after (on the model)."""
+    rows = []
+    for group, removed in zip(state["groups"], state["chosen"], strict=True):
+        layer = group["weights"][0].rsplit(".", 1)[0]
+        rows.append({"layer": layer, "weights": group["weights"],
+                     "channels_before": group["channels"], "removed_chosen": removed,
+                     "channels_after": output_channels(model, layer)})
+    return rows
+
+
+def _report(state: Mapping[str, Any], model: nn.Module, final_figures: Mapping[str, float],
+            final_val_top1: float, test_top1: float, setup: RunSetup,
+            fine_tune: Mapping[str, Any]) -> dict[str, Any]:
+    dense = state["dense_figures"]
+    rows = budget_rows(state["targets"], dense, final_figures)
+    drop = float(state["dense_val_top1"]) - final_val_top1
+    floor = state.get("max_drop")
+    accuracy = {"dense_val_top1": float(state["dense_val_top1"]),
+                "final_val_top1": final_val_top1, "drop": drop, "max_drop": floor,
+                "met": None if floor is None else drop <= floor}
+    return {"arch": setup.arch, "dataset": setup.dataset, "budgets": rows, "accuracy": accuracy,
+            "met": all(r["met"] for r in rows) and accuracy["met"] is not False,
+            "dense_test_top1": float(state["dense_test_top1"]), "final_test_top1": test_top1,
+            "layers": _layers(state, model), "latency": state.get("latency"),
+            "search": {"groups": len(state["groups"]), "evaluations": len(state["evaluations"]),
+                       "seconds": float(state.get("search_seconds", 0.0)),
+                       "met_before_fine_tune": bool(state.get("search_met"))},
+            "fine_tune": dict(fine_tune)}
+
+
+def _unmet_line(report: Mapping[str, Any], run_dir: Path) -> str:
+    missed = [f"{r['quantity']} at {r['achieved']:.3f} of dense, target {r['target']:.3f} "
+              f"({r['achieved'] - r['target']:.3f} over)" for r in report["budgets"]
+              if not r["met"]]
+    accuracy = report["accuracy"]
+    if accuracy["met"] is False:
+        missed.append(f"validation top-1 dropped {accuracy['drop']:.2f} points, floor "
+                      f"{accuracy['max_drop']:.2f}")
+    return (f"budget not met: {'; '.join(missed)}; the best model found is saved in "
+            f"{run_dir / 'checkpoint.pth.tar'}")
+
+
+def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
+               started: float) -> int:
+    """Run (or continue) a budget run; 0 when every budget holds, 1 when one is missed."""
+    state = _starting_state(run, setup)
+    fine_tuning = _fine_tuning(setup, state)
+    if state is None:
+        state = _new_state(run, setup, ctx)
+    config = replace(run.train, compress=None, reset_optimizer=not fine_tuning,
+                     distillation=_distillation(run, state.get("teacher")))
+    check_resume_epochs(config, setup)
+    data = load_run_data(setup, run.data, training=True)
+    assert isinstance(data, DatasetSplits)
+    if data.val is None:
+        raise UsageError("a budget run searches on the validation split and there is none; "
+                         "pass --vs 0.1 (or another fraction above 0)")
+    if run.quantize is not None:
+        from compressor.commands.quantize import check_quantization
+
+        check_quantization(model, run.quantize, str(setup.checkpoint_path or setup.arch))
+    distillation = start_distillation(config, setup, model, ctx)
+    resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and _recorded(
+        setup) is not None else None
+    run_dir = choose_run_dir(run.output_dir, run.name, setup.arch, resume_dir)
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    barrier()
+    record = run_record(run.arguments, setup, data.class_names)
+    writer_dir = run_dir if ctx.is_main else None
+    with logging_to(writer_dir, ctx.is_main) as log:
+        log.info("run directory %s", run_dir)
+        if ctx.is_main:
+            write_args_yaml(run_dir, record)
+        if "chosen" not in state:
+            state = _search(run, setup, ctx, model, data, state,
+                            _SearchSaver(model, writer_dir, record))
+        schedule_path = _write_schedule(state, state["groups"], config.epochs, writer_dir)
+        if ctx.is_main and not fine_tuning:
+            plot_pareto(list(state["evaluations"].values()), state["targets"], state["chosen"],
+                        run_dir / PARETO_NAME)
+        tuned_started = time.perf_counter()
+        results = run_training(setup, ctx, model, data, writer_dir,
+                               replace(config, compress=schedule_path), record, distillation,
+                               extra={"budget": state})
+        results, final_model = _quantize_last(run, setup, ctx, model, data, writer_dir, record,
+                                              results)
+        final_val = float(evaluation_fn(data.val, run.train.loader, ctx, desc="validate")(
+            final_model)["top1"])
+        final_figures = _final_figures(state, model, results)
+        report = _report(state, model, final_figures, final_val,
+                         float(results.get("quantized_top1", results["top1"])), setup, {
+                             "epochs": config.epochs, "distillation": distillation is not None,
+                             "seconds": time.perf_counter() - tuned_started,
+                             "quantized": run.quantize is not None})
+        results = {**model_facts(model, run_dir), **results, "budget_met": report["met"],
+                   "time": time.perf_counter() - started}
+        if ctx.is_main:
+            write_budget_json(run_dir / REPORT_NAME, report)
+            write_results_json(run_dir, results)
+            print(budget_table(report))
+    if not report["met"]:
+        if ctx.is_main:
+            sys.stderr.write(f"compress_classifier.py: {_unmet_line(report, run_dir)}\n")
+        return 1
+    return 0
+
+
+def _quantize_last(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
+                   data: DatasetSplits, run_dir: Path | None, record: Mapping[str, Any],
+                   results: dict[str, Any]) -> tuple[dict[str, Any], nn.Module]:
+    """With --qe: post-training quantize the fine-tuned model (calibrating on training data)."""
+    if run.quantize is None:
+        return results, model
+    from compressor.commands.common import calibration_source
+    from compressor.commands.quantize import run_quantization
+
+    source = calibration_source(setup, run.data, data.test, run.quantize.calibration_split)
+    dataset = source()
+    test_fn = evaluation_fn(data.test, run.train.loader, ctx)
+    quantized, evaluated = run_quantization(model, run.quantize, lambda: dataset,
+                                            run.train.loader, setup, run_dir, record, test_fn)
+    return {**results, **{k: v for k, v in quantized.items() if k.startswith("quantiz")}}, \
+        evaluated
+
+
+def _final_figures(state: Mapping[str, Any], model: nn.Module, results: Mapping[str, Any]
+                   ) -> dict[str, float]:
+    latency = None
+    if "latency" in state["targets"]:
+        recorded = state["latency"]
+        device = next(model.parameters()).device
+        latency = LatencySetting(batch=int(recorded["batch"]), threads=int(recorded["threads"]),
+                                 device=str(device))
+    quantities = tuple(sorted(state["targets"]))
+    measured = figures(model, quantities, latency)
+    if "latency" in measured:
+        measured["latency"] = broadcast_object(measured["latency"])
+    if "size" in measured:
+        measured["size"] = float(results.get("quantized_model_file_size",
+                                             model_file_size(model)[0]))
+    return measured

@@ -1,0 +1,81 @@
+"""A budget run's evidence: budget.json, the table on stdout, and pareto.png."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tabulate import tabulate
+
+from compressor.utils.atomic_io import atomic_write, atomic_write_text
+
+__all__ = ["budget_rows", "budget_table", "write_budget_json", "plot_pareto"]
+
+_UNITS = {"macs": "MACs", "params": "parameters", "latency": "latency (s)", "size": "bytes"}
+
+
+def budget_rows(targets: Mapping[str, float], dense: Mapping[str, float],
+                final: Mapping[str, float]) -> list[dict[str, Any]]:
+    """One row per budget: target and achieved fractions, dense and final figures, met."""
+    rows = []
+    for quantity in sorted(targets):
+        achieved = final[quantity] / dense[quantity]
+        rows.append({"quantity": quantity, "target": targets[quantity], "achieved": achieved,
+                     "dense": dense[quantity], "final": final[quantity],
+                     "met": achieved <= targets[quantity]})
+    return rows
+
+
+def budget_table(report: Mapping[str, Any]) -> str:
+    """The budgets and accuracies of a budget.json report as a GitHub-style table."""
+    rows = [[_UNITS.get(r["quantity"], r["quantity"]), f"{r['target']:.3f}",
+             f"{r['achieved']:.3f}", f"{r['dense']:.6g}", f"{r['final']:.6g}",
+             "yes" if r["met"] else "NO"] for r in report["budgets"]]
+    accuracy = report["accuracy"]
+    floor = accuracy.get("max_drop")
+    rows.append(["val top-1 drop (pts)", "-" if floor is None else f"{floor:.2f}",
+                 f"{accuracy['drop']:.2f}", f"{accuracy['dense_val_top1']:.2f}",
+                 f"{accuracy['final_val_top1']:.2f}",
+                 "-" if accuracy["met"] is None else "yes" if accuracy["met"] else "NO"])
+    rows.append(["test top-1 (%)", "", "", f"{report['dense_test_top1']:.2f}",
+                 f"{report['final_test_top1']:.2f}", ""])
+    return tabulate(rows, headers=["budget", "target", "achieved", "dense", "final", "met"],
+                    tablefmt="github")
+
+
+def write_budget_json(path: str | os.PathLike[str], report: Mapping[str, Any]) -> None:
+    """Write the report as indented JSON (atomically)."""
+    atomic_write_text(path, json.dumps(report, indent=2, sort_keys=False) + "\n")
+
+
+def plot_pareto(evaluations: Sequence[Mapping[str, Any]], targets: Mapping[str, float],
+                chosen: Sequence[int], path: str | os.PathLike[str]) -> None:
+    """Validation top-1 against each budgeted fraction, for every candidate the search
+    evaluated (the chosen one marked, the target as a vertical line)."""
+    from matplotlib.figure import Figure  # no pyplot: no global state, no display needed
+
+    quantities = sorted(targets)
+    figure = Figure(figsize=(5 * len(quantities), 4))
+    for column, quantity in enumerate(quantities):
+        axes = figure.add_subplot(1, len(quantities), column + 1)
+        points = [(e["ratios"][quantity], e["top1"], e["phase"]) for e in evaluations
+                  if quantity in e.get("ratios", {})]
+        for phase, marker in (("dense", "s"), ("probe", "x"), ("search", "o")):
+            shown = [(x, y) for x, y, p in points if p == phase]
+            if shown:
+                axes.scatter(*zip(*shown, strict=True), marker=marker, label=phase, s=18)
+        picked = [(e["ratios"][quantity], e["top1"]) for e in evaluations
+                  if list(e["removed"]) == list(chosen) and quantity in e.get("ratios", {})]
+        if picked:
+            axes.scatter(*zip(*picked, strict=True), marker="*", s=160, color="red",
+                         label="chosen")
+        axes.axvline(targets[quantity], color="gray", linestyle="--", label="target")
+        axes.set_xlabel(f"{_UNITS.get(quantity, quantity)} / dense")
+        axes.set_ylabel("validation top-1 (%), before fine-tuning")
+        axes.grid(True, alpha=0.3)
+        axes.legend(fontsize=7)
+    figure.suptitle("Budget search: every candidate evaluated")
+    atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=100,
+                                                     bbox_inches="tight"))

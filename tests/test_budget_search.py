@@ -1,0 +1,179 @@
+"""The budget search in-process: groups thinning can remove on every family, an allocation that
+meets MACs and parameter budgets on residual, concatenating and depthwise networks, an unmet
+budget reported as such, a search resumed from its state, and the schedule it writes."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+import yaml
+from torch import nn
+
+from compressor.budget import Budget, BudgetSearch, figures, prunable_groups
+from compressor.budget.groups import batchnorms_of, leader_ranking, mask_group_filters
+from compressor.budget.schedule import (
+    budget_schedule,
+    exact_fraction,
+    pruning_epochs,
+    schedule_text,
+)
+from compressor.budget.search import build_candidate
+from compressor.models import create_model, description_of, get_arch_spec
+from compressor.pruning.groups import count_to_prune
+from compressor.schedule import load_schedule
+from compressor.schedule.policies import PruningPolicy
+from compressor.thinning.support import channel_shuffles
+from compressor.utils.config import OptimizerConfig, make_optimizer
+from compressor.utils.errors import UsageError
+from tests.conftest import trained_like_batchnorms
+from tests.test_thinning_support import FAMILIES
+
+# One architecture per family (as thinning's tests), at small inputs; densenet_bc_40 stands for
+# the DenseNet-BC family (same blocks as _100, a third of the layers).
+BUDGET_FAMILIES = {**{a: s for a, s in FAMILIES.items() if a != "densenet_bc_100_cifar"},
+                   "densenet_bc_40_cifar": None}
+
+
+def _model(arch: str, side: int | None) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = trained_like_batchnorms(create_model(arch, get_arch_spec(arch).default_dataset))
+    channels, height, width = description_of(model).input_spec.input_size
+    return model, torch.randn(4, channels, side or height, side or width)
+
+
+def _scorer(inputs: torch.Tensor, calls: list[int] | None = None
+            ) -> Callable[[nn.Module], Mapping[str, float]]:
+    labels = torch.arange(inputs.shape[0]) % 10
+
+    def evaluate(model: nn.Module) -> Mapping[str, float]:
+        if calls is not None:
+            calls.append(1)
+        with torch.no_grad():
+            logits = model(inputs)
+        return {"top1": float((logits.argmax(1) == labels).float().mean() * 100),
+                "loss": float(F.cross_entropy(logits, labels))}
+    return evaluate
+
+
+def _measure(model: nn.Module, quantities: tuple[str, ...]) -> dict[str, float]:
+    return figures(model, quantities, None)
+
+
+@pytest.mark.parametrize("arch", sorted(BUDGET_FAMILIES))
+def test_every_family_gives_groups_thinning_removes_exactly_or_refuses_in_one_line(
+        arch: str) -> None:
+    model, inputs = _model(arch, BUDGET_FAMILIES[arch])
+    try:
+        groups = prunable_groups(model, inputs[:2])
+    except UsageError as exc:
+        assert "\n" not in str(exc) and "channel shuffle" in str(exc), str(exc)
+        assert channel_shuffles(model, inputs[:2])
+        return
+    assert groups, arch
+    removed = tuple(g.channels // 2 for g in groups)
+    rankings = [leader_ranking(model, g) for g in groups]
+    batchnorms = batchnorms_of(model, groups)
+    thinned = build_candidate(model, tuple(groups), removed, rankings, batchnorms, inputs[:2])
+    masked = copy.deepcopy(model)
+    for group, count, ranking in zip(groups, removed, rankings, strict=True):
+        mask_group_filters(masked, group, ranking[:count], batchnorms)
+    with torch.no_grad():  # the thinned candidate computes what the masked model computes
+        torch.testing.assert_close(thinned(inputs), masked(inputs), atol=1e-4, rtol=1e-4)
+    for group, count in zip(groups, removed, strict=True):
+        layer = thinned.get_submodule(group.layer)
+        kept = getattr(layer, "out_channels", getattr(layer, "out_features", None))
+        assert kept == group.channels - count, (arch, group.layer)
+
+
+@pytest.mark.parametrize(("arch", "side"), [
+    ("resnet20_cifar", None),  # residual additions: coupled groups
+    ("squeezenet1_1", 64),  # concatenations (fire modules)
+    ("mobilenet_025", 64),  # depthwise convolutions
+    ("simplenet_digits", None),
+])
+def test_the_allocation_meets_macs_and_params_budgets(arch: str, side: int | None) -> None:
+    model, inputs = _model(arch, side)
+    targets = {"macs": 0.5, "params": 0.6}
+    search = BudgetSearch(model, inputs[:2], Budget(targets), _scorer(inputs), _measure)
+    result = search.run()
+    assert result.met, result.ratios
+    chosen = build_candidate(model, result.groups, result.removed, search.rankings,
+                             search.batchnorms, inputs[:2])
+    measured = _measure(chosen, ("macs", "params"))
+    dense = _measure(model, ("macs", "params"))
+    for quantity, target in targets.items():
+        assert measured[quantity] / dense[quantity] <= target
+        assert measured[quantity] / dense[quantity] == pytest.approx(result.ratios[quantity])
+    assert len(set(result.removed)) > 1, "the ratios differ by group, not one uniform ratio"
+    assert any(e["phase"] == "probe" for e in search.evaluations.values())
+
+
+def test_a_budget_out_of_reach_is_reported_unmet_with_the_most_pruned_model() -> None:
+    model, inputs = _model("simplenet_digits", None)
+    search = BudgetSearch(model, inputs[:2], Budget({"macs": 0.001}), _scorer(inputs), _measure)
+    result = search.run()
+    assert not result.met and result.ratios["macs"] > 0.001
+    assert all(kept >= 1 for kept in (g.channels - n for g, n in
+                                      zip(result.groups, result.removed, strict=True)))
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_search_resumed_from_its_state_ends_alike_and_reuses_its_cache() -> None:
+    model, inputs = _model("resnet20_cifar", None)
+    budget = Budget({"macs": 0.4})
+    full_calls: list[int] = []
+    full = BudgetSearch(model, inputs[:2], budget, _scorer(inputs, full_calls), _measure).run()
+    saved: list[dict] = []
+
+    def kill_after_five(state: dict) -> None:
+        if len(state["evaluations"]) == 5:
+            saved.append(state)
+            raise _Killed
+
+    with pytest.raises(_Killed):
+        BudgetSearch(model, inputs[:2], budget, _scorer(inputs), _measure,
+                     on_evaluation=kill_after_five).run()
+    resumed_calls: list[int] = []
+    resumed = BudgetSearch(model, inputs[:2], budget, _scorer(inputs, resumed_calls), _measure,
+                           state=saved[0]).run()
+    assert resumed.removed == full.removed and resumed.ratios == full.ratios
+    assert len(resumed_calls) == len(full_calls) - 5
+
+
+def test_exact_fractions_remove_exactly_the_chosen_count() -> None:
+    for total in (1, 3, 10, 16, 64, 96, 100, 512, 2048):
+        for removed in range(total):
+            assert count_to_prune(exact_fraction(removed, total), total) == removed
+
+
+def test_the_schedule_prunes_the_chosen_counts_progressively_then_thins(tmp_path: Path) -> None:
+    model, inputs = _model("resnet20_cifar", None)
+    search = BudgetSearch(model, inputs[:2], Budget({"macs": 0.5}), _scorer(inputs), _measure)
+    result = search.run()
+    epochs = 6  # three pruning epochs: two with masks only, the third thins after its masks
+    path = tmp_path / "budget_schedule.yaml"
+    path.write_text(schedule_text(budget_schedule(result.groups, result.removed, epochs), ["t"]))
+    optimizer = make_optimizer(model.parameters(), OptimizerConfig())
+    scheduler = load_schedule(path, model, optimizer)
+    pruners = [p.pruner for p in scheduler.policies if isinstance(p, PruningPolicy)]
+    assert len(pruners) == sum(1 for n in result.removed if n)
+    zeroed = []
+    for epoch in range(pruning_epochs(epochs) - 1):
+        scheduler.on_epoch_begin(epoch)
+        zeroed.append(sum(int((model.get_parameter(g.leader).detach().flatten(1).abs().sum(1)
+                                == 0).sum()) for g in result.groups))
+    assert 0 < zeroed[0] < zeroed[1] < sum(result.removed), zeroed  # progressive
+    scheduler.on_epoch_begin(pruning_epochs(epochs) - 1)
+    for group, removed in zip(result.groups, result.removed, strict=True):
+        layer = model.get_submodule(group.layer)
+        assert layer.out_channels == group.channels - removed, group.layer  # thinned
+    assert yaml.safe_load(path.read_text())["extensions"]["budget_thinning"]["class"] == \
+        "FilterRemover"
