@@ -60,7 +60,8 @@ def _scorer(inputs: torch.Tensor, calls: list[int] | None = None
     return evaluate
 
 
-def _measure(model: nn.Module, quantities: tuple[str, ...]) -> dict[str, float]:
+def _measure(model: nn.Module, quantities: tuple[str, ...],
+             dense: Mapping[str, float] | None = None) -> dict[str, float]:
     return figures(model, quantities, None)
 
 

@@ -47,38 +47,58 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_latency(model: nn.Module, setting: LatencySetting) -> float:
-    """Median seconds of one forward pass of a batch at the model's InputSpec (eval mode)."""
-    device = torch.device(setting.device)
+def _batch(model: nn.Module, setting: LatencySetting) -> torch.Tensor:
     spec = description_of(model).input_spec
-    was_training = model.training
-    model.eval()
     param = next(model.parameters())
-    batch = torch.randn(setting.batch, *spec.input_size, generator=torch.Generator().manual_seed(0)
-                        ).to(device=device, dtype=param.dtype)
-    times: list[float] = []
+    generator = torch.Generator().manual_seed(0)
+    return torch.randn(setting.batch, *spec.input_size, generator=generator).to(
+        device=setting.device, dtype=param.dtype)
+
+
+def _call_seconds(model: nn.Module, batch: torch.Tensor, device: torch.device) -> float:
+    begin = time.perf_counter()
+    model(batch)
+    _sync(device)
+    return time.perf_counter() - begin
+
+
+def measure_latency(model: nn.Module, setting: LatencySetting,
+                    reference: nn.Module | None = None) -> tuple[float, float | None]:
+    """Median seconds of one forward pass of a batch at the model's InputSpec (eval mode), and
+    with `reference`, the reference's, timed in alternation with it (so a change in the
+    machine's load between the two cannot bias their ratio)."""
+    device = torch.device(setting.device)
+    models = [model] if reference is None else [model, reference]
+    modes = [m.training for m in models]
+    batches = [_batch(m, setting) for m in models]
+    times: list[list[float]] = [[] for _ in models]
     try:
+        for m in models:
+            m.eval()
         with _threads(setting.threads), torch.inference_mode():
-            for _ in range(2):  # warm-up: allocator, kernels' first-call set-up
-                model(batch)
-            _sync(device)
+            for m, batch in zip(models, batches, strict=True):
+                for _ in range(2):  # warm-up: allocator, kernels' first-call set-up
+                    _call_seconds(m, batch, device)
             started = time.perf_counter()
-            while len(times) < setting.repeats or time.perf_counter() - started < \
-                    setting.min_seconds:
-                begin = time.perf_counter()
-                model(batch)
-                _sync(device)
-                times.append(time.perf_counter() - begin)
-                if len(times) >= 10 * setting.repeats:
-                    break
+            while len(times[0]) < setting.repeats or (
+                    time.perf_counter() - started < setting.min_seconds
+                    and len(times[0]) < 10 * setting.repeats):
+                for index, (m, batch) in enumerate(zip(models, batches, strict=True)):
+                    times[index].append(_call_seconds(m, batch, device))
     finally:
-        model.train(was_training)
-    return statistics.median(times)
+        for m, mode in zip(models, modes, strict=True):
+            m.train(mode)
+    medians = [statistics.median(t) for t in times]
+    return medians[0], (medians[1] if reference is not None else None)
 
 
-def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetting | None
-            ) -> dict[str, float]:
-    """The requested figures of `model` (MACs of one sample, parameters, seconds, bytes)."""
+def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetting | None,
+            reference: tuple[nn.Module, float] | None = None) -> dict[str, float]:
+    """The requested figures of `model` (MACs of one sample, parameters, seconds, bytes).
+
+    With `reference` (a model and its recorded latency), latency is timed in alternation with
+    the reference and given as the recorded latency times their measured ratio.
+    """
     measured: dict[str, float] = {}
     for quantity in quantities:
         if quantity == "macs":
@@ -90,7 +110,12 @@ def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetti
         elif quantity == "latency":
             if latency is None:
                 raise ValueError("latency needs a LatencySetting")
-            measured["latency"] = measure_latency(model, latency)
+            if reference is None:
+                measured["latency"] = measure_latency(model, latency)[0]
+            else:
+                seconds, reference_seconds = measure_latency(model, latency, reference[0])
+                assert reference_seconds is not None
+                measured["latency"] = reference[1] * seconds / reference_seconds
         else:
             raise ValueError(f"unknown budget quantity {quantity!r}")
     return measured

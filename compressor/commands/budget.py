@@ -45,7 +45,7 @@ from compressor.utils.config import (
     QuantizeConfig,
     TrainConfig,
 )
-from compressor.utils.distributed import DistContext, barrier, broadcast_object
+from compressor.utils.distributed import DistContext, barrier, broadcast_object, rank
 from compressor.utils.errors import UsageError
 
 __all__ = ["BudgetRun", "is_budget_run", "run_budget", "output_channels", "SCHEDULE_NAME",
@@ -147,12 +147,27 @@ class _SearchSaver:
             budget=state), False)
 
 
+def _figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetting | None,
+             reference: tuple[nn.Module, float] | None) -> dict[str, float]:
+    """Figures on every rank; latency timed by rank 0 alone and broadcast, so all ranks
+    decide on the same figure while the others wait (not competing for the CPU)."""
+    others = tuple(q for q in quantities if q != "latency")
+    measured = figures(model, others, None)
+    if "latency" in quantities:
+        timed = figures(model, ("latency",), latency, reference) if rank() == 0 else None
+        measured["latency"] = float(broadcast_object(timed)["latency"])
+    return measured
+
+
 def _measure_fn(dense: nn.Module, latency: LatencySetting | None, size_scale: float
-                ) -> Callable[[nn.Module, tuple[str, ...]], dict[str, float]]:
-    def measure(model: nn.Module, quantities: tuple[str, ...]) -> dict[str, float]:
-        measured = figures(model, quantities, latency)
-        if "latency" in measured:  # rank 0 times it; every rank decides on the same figure
-            measured["latency"] = broadcast_object(measured["latency"])
+                ) -> Callable[[nn.Module, tuple[str, ...], Mapping[str, float] | None],
+                              dict[str, float]]:
+    def measure(model: nn.Module, quantities: tuple[str, ...],
+                dense_figures: Mapping[str, float] | None) -> dict[str, float]:
+        reference = None
+        if dense_figures is not None and "latency" in dense_figures:
+            reference = (dense, float(dense_figures["latency"]))
+        measured = _figures(model, quantities, latency, reference)
         if "size" in measured and model is not dense:
             measured["size"] *= size_scale
         return measured
@@ -199,29 +214,29 @@ def _new_state(run: BudgetRun, setup: RunSetup, ctx: DistContext) -> dict[str, A
     state: dict[str, Any] = {"version": 1, "targets": dict(run.budget.targets),
                              "evaluations": {}, "quantize": run.quantize is not None,
                              "max_drop": run.budget.max_drop, "epochs": run.train.epochs,
-                             "teacher": _teacher(run, setup, None)}
+                             "teacher": _teacher(run, setup, None),
+                             "dense_source": _dense_source(setup)}
     if "latency" in run.budget.targets:
         state["latency"] = {"batch": run.budget.latency_batch,
                             "threads": run.budget.latency_threads, "device": str(ctx.device)}
     return state
 
 
-def _write_schedule(state: dict[str, Any], groups: list[dict[str, Any]], epochs: int,
-                    run_dir: Path | None) -> Path:
+def _write_schedule(state: dict[str, Any], epochs: int, run_dir: Path, write: bool) -> Path:
+    """Put the chosen allocation as a schedule in the state and (rank 0) in the run directory."""
     from compressor.budget.groups import ChannelGroup
+    from compressor.utils.atomic_io import atomic_write_text
 
-    channel_groups = [ChannelGroup(tuple(g["weights"]), int(g["channels"])) for g in groups]
-    schedule = budget_schedule(channel_groups, state["chosen"], epochs)
+    groups = [ChannelGroup(tuple(g["weights"]), int(g["channels"])) for g in state["groups"]]
+    schedule = budget_schedule(groups, state["chosen"], epochs)
     targets = ", ".join(f"{q} {v:g}" for q, v in sorted(state["targets"].items()))
     text = schedule_text(schedule, [
         f"Written by a compressor budget run (targets: {targets} of the dense model).",
         f"Prunes over the first {pruning_epochs(epochs)} of {epochs} epochs, then thins; "
         "rerun with --compress THIS_FILE."])
     state["schedule"] = text
-    path = (run_dir if run_dir is not None else Path(".")) / SCHEDULE_NAME
-    if run_dir is not None:
-        from compressor.utils.atomic_io import atomic_write_text
-
+    path = run_dir / SCHEDULE_NAME
+    if write:
         atomic_write_text(path, text)
     barrier()
     return path
@@ -311,7 +326,7 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
         if "chosen" not in state:
             state = _search(run, setup, ctx, model, data, state,
                             _SearchSaver(model, writer_dir, record))
-        schedule_path = _write_schedule(state, state["groups"], config.epochs, writer_dir)
+        schedule_path = _write_schedule(state, config.epochs, run_dir, ctx.is_main)
         if ctx.is_main and not fine_tuning:
             plot_pareto(list(state["evaluations"].values()), state["targets"], state["chosen"],
                         run_dir / PARETO_NAME)
@@ -360,18 +375,35 @@ def _quantize_last(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.
         evaluated
 
 
+def _dense_source(setup: RunSetup) -> dict[str, Any]:
+    """Where the dense model comes from (to time the final model beside it)."""
+    return {"checkpoint": str(setup.checkpoint_path) if setup.checkpoint_path else None,
+            "arch": setup.arch, "dataset": setup.dataset, "pretrained": setup.model.pretrained}
+
+
+def _rebuild_dense(source: Mapping[str, Any], device: Any) -> nn.Module:
+    from compressor.assembly.setup import build_resolved_model, resolve_model
+
+    if source["checkpoint"]:
+        request = ModelRequest(checkpoint=Path(source["checkpoint"]), dataset=source["dataset"])
+    else:
+        request = ModelRequest(arch=source["arch"], dataset=source["dataset"], pretrained=True)
+    return build_resolved_model(resolve_model(request)).to(device).eval()
+
+
 def _final_figures(state: Mapping[str, Any], model: nn.Module, results: Mapping[str, Any]
                    ) -> dict[str, float]:
-    latency = None
-    if "latency" in state["targets"]:
+    """The final model's budgeted figures; latency timed in alternation with the dense model."""
+    latency, reference = None, None
+    quantities = tuple(sorted(state["targets"]))
+    if "latency" in quantities:
         recorded = state["latency"]
         device = next(model.parameters()).device
         latency = LatencySetting(batch=int(recorded["batch"]), threads=int(recorded["threads"]),
                                  device=str(device))
-    quantities = tuple(sorted(state["targets"]))
-    measured = figures(model, quantities, latency)
-    if "latency" in measured:
-        measured["latency"] = broadcast_object(measured["latency"])
+        reference = (_rebuild_dense(state["dense_source"], device),
+                     float(state["dense_figures"]["latency"]))
+    measured = _figures(model, quantities, latency, reference)
     if "size" in measured:
         measured["size"] = float(results.get("quantized_model_file_size",
                                              model_file_size(model)[0]))
