@@ -4,7 +4,7 @@ budget reported as such, a search resumed from its state, and the schedule it wr
 
 from __future__ import annotations
 
-import copy
+import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import yaml
 from torch import nn
 
 from compressor.budget import Budget, BudgetSearch, figures, prunable_groups
-from compressor.budget.groups import batchnorms_of, leader_ranking, mask_group_filters
+from compressor.budget.groups import batchnorms_of, group_masked, leader_ranking
 from compressor.budget.schedule import (
     budget_schedule,
     exact_fraction,
@@ -80,11 +80,11 @@ def test_every_family_gives_groups_thinning_removes_exactly_or_refuses_in_one_li
     rankings = [leader_ranking(model, g) for g in groups]
     batchnorms = batchnorms_of(model, groups)
     thinned = build_candidate(model, tuple(groups), removed, rankings, batchnorms, inputs[:2])
-    masked = copy.deepcopy(model)
-    for group, count, ranking in zip(groups, removed, rankings, strict=True):
-        mask_group_filters(masked, group, ranking[:count], batchnorms)
-    with torch.no_grad():  # the thinned candidate computes what the masked model computes
-        torch.testing.assert_close(thinned(inputs), masked(inputs), atol=1e-4, rtol=1e-4)
+    with contextlib.ExitStack() as masks, torch.no_grad():
+        for group, count, ranking in zip(groups, removed, rankings, strict=True):
+            masks.enter_context(group_masked(model, group, ranking[:count], batchnorms))
+        # the thinned candidate computes what the masked model computes
+        torch.testing.assert_close(thinned(inputs), model(inputs), atol=1e-4, rtol=1e-4)
     for group, count in zip(groups, removed, strict=True):
         layer = thinned.get_submodule(group.layer)
         kept = getattr(layer, "out_channels", getattr(layer, "out_features", None))

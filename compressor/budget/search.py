@@ -29,6 +29,7 @@ from torch import Tensor, nn
 from compressor.budget.groups import (
     ChannelGroup,
     batchnorms_of,
+    group_masked,
     leader_ranking,
     mask_group_filters,
     prunable_groups,
@@ -183,18 +184,17 @@ class BudgetSearch:
         return tuple(sorted({ranking_quantity(q) for q in self.budget.quantities}))
 
     def _probe(self, index: int) -> dict[str, Any]:
-        """Validation scores with half the group's channels masked (no thinning needed: the
-        masked model computes what the thinned one would)."""
+        """Validation scores with half the group's channels masked in the dense model (and
+        restored): no thinning needed, the masked model computes what the thinned one would."""
         removed = [0] * len(self.groups)
         removed[index] = self.groups[index].channels // 2
         key = _key(tuple(removed))
         cached = self.evaluations.get(key)
         if cached is not None:
             return cached
-        model = copy.deepcopy(self.dense).eval()
-        mask_group_filters(model, self.groups[index], self.rankings[index][:removed[index]],
-                           dict(self.batchnorms))
-        scores = self.evaluate(model)
+        with group_masked(self.dense, self.groups[index],
+                          self.rankings[index][:removed[index]], dict(self.batchnorms)) as model:
+            scores = self.evaluate(model)
         entry = {"removed": removed, "phase": "probe", "top1": float(scores["top1"]),
                  "loss": float(scores["loss"]), "figures": {}}
         self.evaluations[key] = entry

@@ -55,7 +55,8 @@ LOG = logging.getLogger("compressor")
 SCHEDULE_NAME = "budget_schedule.yaml"
 REPORT_NAME = "budget.json"
 PARETO_NAME = "pareto.png"
-SAVE_EVERY_S = 2.0  # the search checkpoints its cache at most this often (and at its end)
+SAVE_EVERY_S = 30.0  # the search checkpoints its cache at first, then at most this often, and
+# at its end: a kill costs at most this much search time
 QE_SIZE_FRACTION = 0.25  # int8 weights over float32: the size estimate while searching
 
 
@@ -135,7 +136,7 @@ class _SearchSaver:
     def __init__(self, model: nn.Module, run_dir: Path | None, record: Mapping[str, Any]
                  ) -> None:
         self.model, self.run_dir, self.record = model, run_dir, record
-        self.last = 0.0
+        self.last = -SAVE_EVERY_S
 
     def __call__(self, state: dict[str, Any], force: bool = False) -> None:
         now = time.monotonic()
