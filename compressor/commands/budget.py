@@ -182,7 +182,7 @@ def _search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
     latency = _latency_setting(state, ctx)
     size_scale = QE_SIZE_FRACTION if state.get("quantize") else 1.0
     validate = evaluation_fn(data.val, run.train.loader, ctx, desc="search")
-    search = BudgetSearch(model, probe_batch(model), Budget(state["targets"]), validate,
+    search = BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"]), validate,
                           _measure_fn(model, latency, size_scale), state=state,
                           on_evaluation=saver)
     result = search.run()
