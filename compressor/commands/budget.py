@@ -17,7 +17,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
+from torch.utils.data import Subset
 
 from compressor.assembly.setup import RunSetup
 from compressor.assembly.state import assemble_checkpoint
@@ -58,6 +60,10 @@ PARETO_NAME = "pareto.png"
 SAVE_EVERY_S = 30.0  # the search checkpoints its cache at first, then at most this often, and
 # at its end: a kill costs at most this much search time
 QE_SIZE_FRACTION = 0.25  # int8 weights over float32: the size estimate while searching
+# The search scores its probes and candidates on at most this many validation images (a seeded
+# subset): its decisions compare candidates with each other, and a pass over a large
+# validation split per candidate would cost more than the fine-tune.
+SEARCH_VAL_IMAGES = 2000
 
 
 @dataclass(frozen=True)
@@ -181,7 +187,8 @@ def _search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
     started = time.perf_counter()
     latency = _latency_setting(state, ctx)
     size_scale = QE_SIZE_FRACTION if state.get("quantize") else 1.0
-    validate = evaluation_fn(data.val, run.train.loader, ctx, desc="search")
+    validate = evaluation_fn(_search_subset(data.val, setup.seed), run.train.loader, ctx,
+                             desc="search")
     search = BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"]), validate,
                           _measure_fn(model, latency, size_scale), state=state,
                           on_evaluation=saver)
@@ -201,6 +208,15 @@ def _search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
             entry["ratios"] = search.ratios(entry)
     saver(state, force=True)
     return state
+
+
+def _search_subset(dataset: Any, seed: int) -> Any:
+    """At most SEARCH_VAL_IMAGES of the validation split, drawn with the run's seed."""
+    if len(dataset) <= SEARCH_VAL_IMAGES:
+        return dataset
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(len(dataset), generator=generator)[:SEARCH_VAL_IMAGES]
+    return Subset(dataset, sorted(chosen.tolist()))
 
 
 def _latency_setting(state: Mapping[str, Any], ctx: DistContext) -> LatencySetting | None:
