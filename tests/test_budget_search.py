@@ -84,7 +84,8 @@ def test_every_family_gives_groups_thinning_removes_exactly_or_refuses_in_one_li
         for group, count, ranking in zip(groups, removed, rankings, strict=True):
             masks.enter_context(group_masked(model, group, ranking[:count], batchnorms))
         # the thinned candidate computes what the masked model computes
-        torch.testing.assert_close(thinned(inputs), model(inputs), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(thinned(inputs[:2]), model(inputs[:2]), atol=1e-4,
+                                   rtol=1e-4)
     for group, count in zip(groups, removed, strict=True):
         layer = thinned.get_submodule(group.layer)
         kept = getattr(layer, "out_channels", getattr(layer, "out_features", None))

@@ -181,26 +181,33 @@ def _measure_fn(dense: nn.Module, latency: LatencySetting | None, size_scale: fl
     return measure
 
 
-def _search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
-            data: DatasetSplits, state: dict[str, Any], saver: _SearchSaver) -> dict[str, Any]:
-    """Run (or finish) the search; returns the state with `chosen` and the dense figures."""
-    started = time.perf_counter()
+def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
+                    data: DatasetSplits, state: dict[str, Any]) -> BudgetSearch:
+    """The search over `model`, its groups found (or refused, in one line) before any file is
+    written."""
     latency = _latency_setting(state, ctx)
     size_scale = QE_SIZE_FRACTION if state.get("quantize") else 1.0
     validate = evaluation_fn(_search_subset(data.val, setup.seed), run.train.loader, ctx,
                              desc="search")
-    search = BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"]), validate,
-                          _measure_fn(model, latency, size_scale), state=state,
-                          on_evaluation=saver)
+    return BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"]), validate,
+                        _measure_fn(model, latency, size_scale), state=state)
+
+
+def _search(search: BudgetSearch, run: BudgetRun, ctx: DistContext, model: nn.Module,
+            data: DatasetSplits, saver: _SearchSaver) -> dict[str, Any]:
+    """Run (or finish) the search; returns the state with `chosen` and the dense figures."""
+    started = time.perf_counter()
+    search.on_evaluation = saver
     result = search.run()
     state = search.state
     if "dense_test_top1" not in state:
         test = evaluation_fn(data.test, run.train.loader, ctx)(model)
         state["dense_test_top1"] = float(test["top1"])
+        validation = evaluation_fn(data.val, run.train.loader, ctx, desc="validate")(model)
+        state["dense_val_top1"] = float(validation["top1"])  # the floor's reference
     state["search_seconds"] = float(state.get("search_seconds", 0.0)) + (
         time.perf_counter() - started)
     state["dense_figures"] = search.dense_entry()["figures"]
-    state["dense_val_top1"] = search.dense_entry()["top1"]
     state["search_met"] = result.met
     quantities = set(state["targets"])
     for entry in state["evaluations"].values():
@@ -328,6 +335,7 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
 
         check_quantization(model, run.quantize, str(setup.checkpoint_path or setup.arch))
     distillation = start_distillation(config, setup, model, ctx)
+    search = None if "chosen" in state else _prepare_search(run, setup, ctx, model, data, state)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and _recorded(
         setup) is not None else None
     run_dir = choose_run_dir(run.output_dir, run.name, setup.arch, resume_dir)
@@ -340,9 +348,8 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
         log.info("run directory %s", run_dir)
         if ctx.is_main:
             write_args_yaml(run_dir, record)
-        if "chosen" not in state:
-            state = _search(run, setup, ctx, model, data, state,
-                            _SearchSaver(model, writer_dir, record))
+        if search is not None:
+            state = _search(search, run, ctx, model, data, _SearchSaver(model, writer_dir, record))
         schedule_path = _write_schedule(state, config.epochs, run_dir, ctx.is_main)
         if ctx.is_main and not fine_tuning:
             plot_pareto(list(state["evaluations"].values()), state["targets"], state["chosen"],
