@@ -11,7 +11,10 @@ import pytest
 import torch
 
 from compressor.assembly.setup import load_model
+from compressor.assembly.state import assemble_checkpoint
 from compressor.cli.parser import parse_args
+from compressor.models import create_model
+from compressor.training.checkpoint import save_checkpoint
 from tests.conftest import (
     ROOT,
     assert_user_error,
@@ -19,6 +22,7 @@ from tests.conftest import (
     run_main,
     run_torchrun,
     start_killable,
+    trained_like_batchnorms,
 )
 
 COMMON = ("-j", "0", "-p", "0", "-b", "64", "--deterministic")
@@ -45,12 +49,22 @@ def budget_run(dense: Path) -> Path:
     return dense.parent.parent / "budget"
 
 
+def _untrained(path: Path) -> Path:
+    """A simplenet_digits checkpoint written in-process (refusals and reports need no training)."""
+    torch.manual_seed(0)
+    model = trained_like_batchnorms(create_model("simplenet_digits", "digits"))
+    save_checkpoint(path, assemble_checkpoint(model, args={}, epoch=0, best_top1=0.0,
+                                              best_epoch=0))
+    return path
+
+
 def _filters(path: Path) -> dict[str, int]:
     model = load_model(path)
     return {name: module.weight.shape[0] for name, module in model.named_modules()
             if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear))}
 
 
+@pytest.mark.slow  # the tests on the shared budget run stay together in one worker
 def test_the_budget_holds_with_its_evidence(budget_run: Path, dense: Path) -> None:
     report = json.loads((budget_run / "budget.json").read_text())
     (macs,) = report["budgets"]
@@ -74,6 +88,7 @@ def test_the_budget_holds_with_its_evidence(budget_run: Path, dense: Path) -> No
     assert evaluated.returncode == 0, evaluated.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_the_written_schedule_reruns_to_the_same_channel_counts(budget_run: Path,
                                                                 dense: Path) -> None:
     schedule = budget_run / "budget_schedule.yaml"
@@ -106,8 +121,8 @@ def test_a_search_killed_midway_resumes_to_the_same_model(budget_run: Path, dens
         assert torch.equal(ours["state_dict"][key], value), key
 
 
-def test_an_unmet_budget_says_by_how_much_and_keeps_the_best_model(dense: Path,
-                                                                   tmp_path: Path) -> None:
+def test_an_unmet_budget_says_by_how_much_and_keeps_the_best_model(tmp_path: Path) -> None:
+    dense = _untrained(tmp_path / "dense.pth.tar")
     result = run_cli("--resume-from", str(dense), "--target-params", "0.001", "--epochs", "1",
                      *COMMON, "-o", str(tmp_path), "-n", "unmet")
     assert result.returncode == 1, result.stderr[-2000:]
@@ -136,8 +151,8 @@ def test_bad_budgets_are_one_line(flags: tuple[str, ...], words: str, tmp_path: 
     assert_user_error(run_main("--resume-from", str(tmp_path / "dense.pth.tar"), *flags), words)
 
 
-def test_a_budget_needs_trained_weights_and_a_validation_split(dense: Path,
-                                                               tmp_path: Path) -> None:
+def test_a_budget_needs_trained_weights_and_a_validation_split(tmp_path: Path) -> None:
+    dense = _untrained(tmp_path / "dense.pth.tar")
     assert_user_error(run_main("-a", "simplenet_digits", "--target-macs", "0.5"),
                       "compresses a trained model")
     assert_user_error(run_main("--resume-from", str(dense), "--target-macs", "0.5", "--vs", "0",
@@ -152,8 +167,9 @@ def test_distillers_greedy_flags_map_onto_a_macs_budget() -> None:
 
 
 @pytest.mark.slow
-def test_a_budget_run_under_torchrun_times_latency_once_and_ranks_agree(dense: Path,
-                                                                        tmp_path: Path) -> None:
+def test_a_budget_run_under_torchrun_times_latency_once_and_ranks_agree(tmp_path: Path
+                                                                        ) -> None:
+    dense = _untrained(tmp_path / "dense.pth.tar")
     result = run_torchrun(2, "--resume-from", str(dense), "--target-macs", "0.5",
                           "--target-latency", "0.9", "--latency-batch", "4", "--epochs", "2",
                           *COMMON, "-o", str(tmp_path), "-n", "ddp")
