@@ -1,0 +1,676 @@
+"""Budget runs on real Fashion-MNIST: uniform L1 filters vs Torch-Pruning global vs ours.
+
+One dense resnet20_cifar per seed (a `compress_classifier.py` run) is shared by every arm of
+that seed; each arm compresses it to each budget (MACs 0.5x, MACs 0.3x, latency 0.5x at batch
+32 on 1 CPU thread) and fine-tunes it for the same --ft-epochs, with the same optimizer (SGD,
+momentum 0.9, weight decay 1e-4), constant LR (--ft-lr), batch size, training subset (--etrs of
+the training split, the seed's own) and data order (the framework's (seed, epoch)-seeded
+loaders). The validation split (--vs 0.1, of which --evs is used: 1,500 images by default) is
+what our search scores candidates on and what every arm's epochs are monitored on; the test
+split is only reported.
+
+    python benchmarks/budget_fashion_mnist.py /usr/share/datasets/fashion-mnist \
+        --seeds 3 --epochs 6 --ft-epochs 3 --etrs 0.15 --evs 0.25 --out /tmp/budget-bench
+
+Arms:
+  uniform    the same filter fraction for every channel group the budget search may shrink
+             (compressor.budget.groups), the smallest fraction whose thinned model meets the
+             budget (MACs counted, or latency timed, in this process); then a real
+             `compress_classifier.py --exp-load-weights-from DENSE --compress YAML` run with a
+             schedule in the format budget runs write (L1RankedStructureParameterPruner_AGP per
+             group, `group_dependency: Leader`, a FilterRemover), pruning over the same epochs.
+  tp         Torch-Pruning's MetaPruner with L1 magnitude importance, `global_pruning=True`,
+             the final classifier ignored and at most 90% of a layer's channels pruned (ours
+             keeps 10% of a group too), stepped (200 steps to 95% of all channels) until the
+             MACs, counted as for every arm, are within the budget (Torch-Pruning's own
+             count_ops_and_params ratio, which adds norms and activations, is recorded too); for
+             latency the step (i.e. the MACs target) is bisected, every step's model kept, until
+             the timed latency is. It is fine-tuned in this
+             process with the framework's own train_one_epoch/evaluate, loaders, seeds and
+             optimizer factory: a Torch-Pruning model has no thinning recipe, so no compressor
+             checkpoint can rebuild it (it is saved with torch.save).
+  ours-nokd  `compress_classifier.py --resume-from DENSE --target-... --no-kd`.
+  ours       the same with distillation from the dense model (the budget run's default).
+
+Afterwards every final model is rebuilt from what its run saved and measured side by side: MACs
+(forward hooks), CPU latency at batch 32 on 1 thread (all models timed in interleaved rounds,
+fair under a shared machine's load) and top-1 on the whole test split. A budget is "met" when
+that side-by-side figure is within the target ("own" is the arm's own measurement when it chose
+its model). Wall time is search + fine-tune: for ours budget.json's search and fine_tune
+seconds (the dense model's test and validation passes for the report are timed apart from the
+search); for tp its pruning (and latency bisection) and in-process fine-tune (epochs, their
+validation and the test pass); for uniform its fraction search and the CLI run's whole `time`
+(results.json, so start-up and data loading too). Wall times and latencies are only
+comparable when the machine is not shared: under other jobs' load the smoke run's wall times
+took 3-15x longer, and its side-by-side latency ratios moved by up to 0.2 between repeats.
+
+Size: the smoke run (1 seed, --epochs 1 --ft-epochs 1 --etrs 0.05, budget macs-0.5, all arms)
+took 6.3 minutes at nice 19 on a quiet 2-core machine (27.5 minutes under other jobs' load).
+Its per-image times (dense training 5.4 ms, pruned 2.6-3.3 ms, 5.1 ms distilled; evaluation
+1-1.4 ms) and fixed costs (our search ~70 s, Torch-Pruning's pruning ~5 s) put the defaults (3
+seeds x (6 dense epochs + 3 budgets x 4 arms x 3 fine-tune epochs) on 15% of the training set,
+then 39 test-split evaluations) at about 1.8 hours on 2 idle CPU cores; a quarter of the
+training set (--etrs 0.25) would take about 2.5 hours.
+
+Data: `apt-get install -y dataset-fashion-mnist` puts the four IDX .gz files in
+/usr/share/datasets/fashion-mnist/. Finished runs are reused when the script is run again with
+the same --out (use a new --out after changing settings).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tabulate import tabulate
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common_measure import count_macs, interleaved_latency, run_cli_logged  # noqa: E402
+from compressor.assembly.setup import RunSetup, load_model, resolve_run  # noqa: E402
+from compressor.budget.groups import (  # noqa: E402
+    ChannelGroup,
+    batchnorms_of,
+    leader_ranking,
+    prunable_groups,
+)
+from compressor.budget.measure import LatencySetting, figures  # noqa: E402
+from compressor.budget.schedule import budget_schedule, schedule_text  # noqa: E402
+from compressor.budget.search import build_candidate  # noqa: E402
+from compressor.commands.common import load_run_data  # noqa: E402
+from compressor.data import DatasetSplits  # noqa: E402
+from compressor.pruning.groups import count_to_prune  # noqa: E402
+from compressor.thinning.transform import probe_batch  # noqa: E402
+from compressor.training.dataloaders import (  # noqa: E402
+    epoch_seed,
+    eval_loader,
+    seed_everything,
+    train_loader,
+)
+from compressor.training.loop import evaluate, train_one_epoch  # noqa: E402
+from compressor.training.losses import get_loss  # noqa: E402
+from compressor.utils.config import (  # noqa: E402
+    DataConfig,
+    ModelRequest,
+    OptimizerConfig,
+    make_optimizer,
+)
+from compressor.utils.distributed import DistContext  # noqa: E402
+
+ARCH = "resnet20_cifar"
+DATASET = "fashion-mnist"
+# name -> (budgeted quantity, target fraction of the dense model's figure)
+BUDGETS = (("macs-0.5", "macs", 0.5), ("macs-0.3", "macs", 0.3), ("latency-0.5", "latency", 0.5))
+ARMS = (("uniform", "uniform L1 filters"), ("tp", "Torch-Pruning global"),
+        ("ours-nokd", "ours, no KD"), ("ours", "ours"))
+VALIDATION_SPLIT = 0.1
+MOMENTUM = 0.9
+WEIGHT_DECAY = 1e-4
+MIN_KEEP = 0.1  # every arm keeps at least this fraction of a group's channels (ours' default)
+TP_STEPS = 200  # Torch-Pruning's iterative steps, to TP_RATIO of all channels
+TP_RATIO = 0.95
+LATENCY = LatencySetting(batch=32, threads=1)
+LATENCY_ROUNDS = 25  # side-by-side timing: interleaved rounds, each call repeated >= 50 ms
+LATENCY_MIN_MS = 50.0
+GALLOP = 0.8  # tp latency: MACs target shrinks by this factor until the latency holds
+BENCH_JSON = "budget_benchmark.json"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The benchmark's configuration, shared by every seed, budget and arm."""
+
+    data: str
+    seeds: tuple[int, ...]
+    epochs: int
+    ft_epochs: int
+    etrs: float
+    evs: float
+    lr: float
+    ft_lr: float
+    batch_size: int
+    budgets: tuple[str, ...]
+    arms: tuple[str, ...]
+    out: Path
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm's final model and how it got there (before the side-by-side measurement)."""
+
+    seed: int
+    budget: str
+    arm: str
+    model_path: str
+    pickled: bool  # a torch.save'd module (tp) rather than a compressor checkpoint
+    search_s: float
+    fine_tune_s: float
+    own_ratio: float  # the budgeted figure over dense, as the arm measured it when choosing
+    own_met: bool
+    cli_test_top1: float | None  # the run's own test top-1 (results.json / in-process)
+    detail: dict[str, Any]
+
+
+def _budget(name: str) -> tuple[str, float]:
+    """(quantity, target) of a budget name."""
+    return next((quantity, target) for key, quantity, target in BUDGETS if key == name)
+
+
+def _common_flags(s: Settings, seed: int) -> list[str]:
+    """Data, optimizer and determinism flags every CLI run of one seed shares."""
+    return [s.data, "--vs", str(VALIDATION_SPLIT), "--etrs", str(s.etrs), "--evs", str(s.evs),
+            "-b", str(s.batch_size), "--momentum", str(MOMENTUM), "--wd", str(WEIGHT_DECAY),
+            "-j", "0", "--cpu", "--deterministic", "--seed", str(seed), "-p", "0"]
+
+
+def _dense_schedule(epochs: int) -> str:
+    """The dense run's schedule: the LR drops 10x at 80% of the epochs."""
+    decay = max(1, int(epochs * 0.8))
+    return (f"version: 1\nlr_schedulers:\n  lr:\n    class: MultiStepLR\n"
+            f"    milestones: [{decay}]\n    gamma: 0.1\npolicies:\n  - lr_scheduler:\n"
+            f"      instance_name: lr\n    starting_epoch: 0\n    ending_epoch: {decay + 1}\n"
+            f"    frequency: 1\n")
+
+
+def train_dense(s: Settings, seed: int) -> Path:
+    """Train (or reuse) the seed's dense model; returns its checkpoint."""
+    out = s.out / f"seed{seed}"
+    out.mkdir(parents=True, exist_ok=True)
+    if not (out / "dense" / "results.json").exists():
+        schedule = out / "dense.yaml"
+        schedule.write_text(_dense_schedule(s.epochs))
+        run_cli_logged("-a", ARCH, "--dataset", DATASET, *_common_flags(s, seed), "--epochs",
+                       str(s.epochs), "--lr", str(s.lr), "--compress", str(schedule), "-o",
+                       str(out), "-n", "dense", log=s.out / "runs.log")
+    return out / "dense" / "checkpoint.pth.tar"
+
+
+def _measure(model: nn.Module, quantity: str) -> float:
+    """The budgeted figure of `model`, as the budget search measures it."""
+    return figures(model, (quantity,), LATENCY if quantity == "latency" else None)[quantity]
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text())
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+# -- ours --------------------------------------------------------------------------------------
+def run_ours(s: Settings, seed: int, budget: str, dense: Path, kd: bool) -> ArmResult:
+    """A budget run from the dense checkpoint (with or without distillation)."""
+    quantity, target = _budget(budget)
+    arm = "ours" if kd else "ours-nokd"
+    out = s.out / f"seed{seed}"
+    run_dir = out / f"{budget}-{arm}"
+    if not (run_dir / "budget.json").exists():
+        flags = [f"--target-{quantity}", str(target)]
+        if quantity == "latency":
+            flags += ["--latency-batch", str(LATENCY.batch), "--latency-threads",
+                      str(LATENCY.threads)]
+        try:
+            run_cli_logged(*_common_flags(s, seed), "--resume-from", str(dense), *flags,
+                           "--epochs", str(s.ft_epochs), "--lr", str(s.ft_lr),
+                           *([] if kd else ["--no-kd"]), "-o", str(out), "-n", run_dir.name,
+                           log=s.out / "runs.log")
+        except SystemExit:  # exit status 1: a budget missed, still a result to report
+            if not (run_dir / "budget.json").exists():
+                raise
+    report = _read_json(run_dir / "budget.json")
+    row = next(r for r in report["budgets"] if r["quantity"] == quantity)
+    return ArmResult(seed, budget, arm, str(run_dir / "checkpoint.pth.tar"), False,
+                     float(report["search"]["seconds"]), float(report["fine_tune"]["seconds"]),
+                     float(row["achieved"]), bool(row["met"]), float(report["final_test_top1"]),
+                     {"search": report["search"], "fine_tune": report["fine_tune"],
+                      "accuracy": report["accuracy"], "met": report["met"]})
+
+
+# -- uniform L1 filters ------------------------------------------------------------------------
+def _uniform_counts(groups: Sequence[ChannelGroup], fraction: float) -> tuple[int, ...]:
+    """Channels each group loses at one uniform fraction (keeping MIN_KEEP of each)."""
+    return tuple(min(count_to_prune(fraction, g.channels),
+                     g.channels - math.ceil(MIN_KEEP * g.channels)) for g in groups)
+
+
+def _uniform_fractions(groups: Sequence[ChannelGroup]) -> list[float]:
+    """Every fraction at which some group's count changes, ascending (0 first)."""
+    found = {k / g.channels for g in groups
+             for k in range(g.channels - math.ceil(MIN_KEEP * g.channels) + 1)}
+    return sorted(found)
+
+
+def _bisect(count: int, passes: Callable[[int], bool]) -> tuple[int, bool]:
+    """The lowest index in 1..count-1 that passes (index 0 is known to fail), assuming
+    monotony; (count - 1, False) when even the last fails."""
+    low, high = 0, count - 1
+    if not passes(high):
+        return high, False
+    while high - low > 1:
+        middle = (low + high) // 2
+        if passes(middle):
+            high = middle
+        else:
+            low = middle
+    return high, True
+
+
+def uniform_fraction(dense: nn.Module, quantity: str, target: float
+                     ) -> tuple[list[ChannelGroup], tuple[int, ...], dict[str, Any]]:
+    """The smallest uniform filter fraction whose thinned model meets the budget."""
+    inputs = probe_batch(dense)
+    groups = prunable_groups(dense, inputs)
+    rankings = [leader_ranking(dense, g) for g in groups]
+    batchnorms = batchnorms_of(dense, groups)
+    fractions = _uniform_fractions(groups)
+    base = _measure(dense, quantity)
+    ratios: dict[int, float] = {}
+
+    def passes(index: int) -> bool:
+        model = build_candidate(dense, tuple(groups), _uniform_counts(groups, fractions[index]),
+                                rankings, batchnorms, inputs)
+        ratios[index] = _measure(model, quantity) / base
+        return ratios[index] <= target
+
+    index, met = _bisect(len(fractions), passes)
+    return groups, _uniform_counts(groups, fractions[index]), {
+        "fraction": fractions[index], "ratio": ratios[index], "met": met,
+        "evaluations": len(ratios)}
+
+
+def run_uniform(s: Settings, seed: int, budget: str, dense: Path) -> ArmResult:
+    """Uniform-fraction L1 filter pruning + thinning, fine-tuned by a CLI schedule run."""
+    quantity, target = _budget(budget)
+    out = s.out / f"seed{seed}"
+    run_dir = out / f"{budget}-uniform"
+    record_path = out / f"{budget}-uniform.json"
+    if not record_path.exists():
+        started = time.perf_counter()
+        groups, removed, found = uniform_fraction(load_model(dense).eval(), quantity, target)
+        search_s = time.perf_counter() - started
+        schedule = out / f"{budget}-uniform.yaml"
+        schedule.write_text(schedule_text(budget_schedule(groups, removed, s.ft_epochs), [
+            f"Uniform L1 filter pruning: {found['fraction']:.4f} of every group's filters "
+            f"({budget}), written by benchmarks/budget_fashion_mnist.py."]))
+        run_cli_logged("-a", ARCH, "--dataset", DATASET, *_common_flags(s, seed),
+                       "--exp-load-weights-from", str(dense), "--compress", str(schedule),
+                       "--epochs", str(s.ft_epochs), "--lr", str(s.ft_lr), "-o", str(out),
+                       "-n", run_dir.name, log=s.out / "runs.log")
+        _write_json(record_path, {**found, "removed": list(removed), "search_s": search_s})
+    record = _read_json(record_path)
+    results = _read_json(run_dir / "results.json")
+    return ArmResult(seed, budget, "uniform", str(run_dir / "checkpoint.pth.tar"), False,
+                     float(record["search_s"]), float(results["time"]), float(record["ratio"]),
+                     bool(record["met"]), float(results["top1"]), record)
+
+
+# -- Torch-Pruning global ----------------------------------------------------------------------
+class TorchPruningWalk:
+    """Torch-Pruning's global L1 pruning of a copy of the dense model, stepped on demand; the
+    model after every step is kept, so a bisection over steps re-prunes nothing."""
+
+    def __init__(self, dense: nn.Module) -> None:
+        import torch_pruning as tp
+
+        model = copy.deepcopy(dense).eval()
+        self.inputs = probe_batch(model)[:1]
+        self.pruner = tp.pruner.MetaPruner(
+            model, self.inputs, importance=tp.importance.MagnitudeImportance(p=1),
+            global_pruning=True, pruning_ratio=TP_RATIO, max_pruning_ratio=1.0 - MIN_KEEP,
+            iterative_steps=TP_STEPS, ignored_layers=[model.fc])
+        self.model = model
+        self.dense_macs = _measure(dense, "macs")
+        self.snapshots = [copy.deepcopy(model)]
+        self.macs = [self.dense_macs]
+
+    def first_at_most(self, ratio: float) -> int:
+        """The first step whose MACs are within `ratio` of dense (the last step if none)."""
+        while self.macs[-1] > ratio * self.dense_macs and len(self.snapshots) <= TP_STEPS:
+            self.pruner.step()
+            self.snapshots.append(copy.deepcopy(self.model))
+            self.macs.append(_measure(self.model, "macs"))
+        return next((k for k, m in enumerate(self.macs) if m <= ratio * self.dense_macs),
+                    len(self.macs) - 1)
+
+    def exhausted(self) -> bool:
+        """Whether every step has been taken."""
+        return len(self.snapshots) > TP_STEPS
+
+
+def tp_prune(dense: nn.Module, quantity: str, target: float) -> tuple[nn.Module, dict[str, Any]]:
+    """Torch-Pruning global pruning to the budget: MACs stepped, latency bisected over steps."""
+    import torch_pruning as tp
+
+    walk = TorchPruningWalk(dense)
+    if quantity == "macs":
+        step = walk.first_at_most(target)
+        ratio = walk.macs[step] / walk.dense_macs
+        met, timed = ratio <= target, 0
+    else:
+        base = _measure(dense, "latency")
+        latency: dict[int, float] = {}
+
+        def ratio_at(step: int) -> float:
+            if step not in latency:
+                latency[step] = _measure(walk.snapshots[step], "latency") / base
+            return latency[step]
+
+        goal, failing = target, 0
+        step = walk.first_at_most(goal)
+        while ratio_at(step) > target and not (walk.exhausted() and step == len(walk.macs) - 1):
+            failing, goal = step, goal * GALLOP
+            step = walk.first_at_most(goal)
+        passing = step
+        if ratio_at(passing) <= target:  # bisect between the last failing and first passing
+            found, _ = _bisect(passing - failing + 1, lambda i: ratio_at(failing + i) <= target)
+            passing = failing + found
+        step, ratio = passing, ratio_at(passing)
+        met, timed = ratio <= target, len(latency)
+    model = walk.snapshots[step]
+    tp_macs, _ = tp.utils.count_ops_and_params(model, walk.inputs)
+    tp_dense, _ = tp.utils.count_ops_and_params(walk.snapshots[0], walk.inputs)
+    return model, {"step": step, "steps_taken": len(walk.macs) - 1, "ratio": ratio, "met": met,
+                   "latency_evaluations": timed, "macs_ratio": walk.macs[step] / walk.dense_macs,
+                   "tp_counted_macs_ratio": float(tp_macs / tp_dense)}
+
+
+def _cpu() -> DistContext:
+    return DistContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+
+
+def seed_setup(s: Settings, seed: int, dense: Path) -> tuple[RunSetup, DatasetSplits]:
+    """The run set-up and the data splits a CLI run from the dense checkpoint builds."""
+    setup = resolve_run(ModelRequest(checkpoint=dense), seed=seed, deterministic=True)
+    data = load_run_data(setup, DataConfig(root=s.data, validation_split=VALIDATION_SPLIT,
+                                           effective_train_size=s.etrs,
+                                           effective_valid_size=s.evs), training=True)
+    assert isinstance(data, DatasetSplits)
+    return setup, data
+
+
+def fine_tune(model: nn.Module, s: Settings, setup: RunSetup, data: DatasetSplits
+              ) -> dict[str, Any]:
+    """The CLI's epoch loop in-process: same seeds, loaders, optimizer, constant LR."""
+    ctx = _cpu()
+    optimizer = make_optimizer(model.parameters(), OptimizerConfig(
+        lr=s.ft_lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY))
+    loss_fn = get_loss(setup.model.arch_spec.loss)
+    monitor = eval_loader(data.val, s.batch_size, 0, ctx)
+    history = []
+    for epoch in range(s.ft_epochs):
+        seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
+        loader = train_loader(data.train, s.batch_size, 0, setup.seed, epoch, ctx)
+        train = train_one_epoch(model, loader, loss_fn, optimizer, ctx.device, epoch)
+        val = evaluate(model, monitor, ctx.device, desc="validate")
+        history.append({"epoch": epoch, "train_loss": train["loss"], "train_top1": train["top1"],
+                        "val_loss": val["loss"], "val_top1": val["top1"]})
+    test = evaluate(model, eval_loader(data.test, s.batch_size, 0, ctx), ctx.device)
+    return {"history": history, "test_top1": test["top1"]}
+
+
+def run_tp(s: Settings, seed: int, budget: str, dense: Path) -> ArmResult:
+    """Torch-Pruning global pruning to the budget, fine-tuned in-process."""
+    quantity, target = _budget(budget)
+    out = s.out / f"seed{seed}"
+    model_path = out / f"{budget}-tp.pt"
+    record_path = out / f"{budget}-tp.json"
+    if not record_path.exists():
+        setup, data = seed_setup(s, seed, dense)
+        started = time.perf_counter()
+        model, found = tp_prune(load_model(dense).eval(), quantity, target)
+        search_s = time.perf_counter() - started
+        started = time.perf_counter()
+        tuned = fine_tune(model, s, setup, data)
+        fine_tune_s = time.perf_counter() - started
+        torch.save(model.eval(), model_path)
+        _write_json(record_path, {**found, **tuned, "search_s": search_s,
+                                  "fine_tune_s": fine_tune_s})
+    record = _read_json(record_path)
+    return ArmResult(seed, budget, "tp", str(model_path), True, float(record["search_s"]),
+                     float(record["fine_tune_s"]), float(record["ratio"]), bool(record["met"]),
+                     float(record["test_top1"]), record)
+
+
+def run_arm(s: Settings, seed: int, budget: str, arm: str, dense: Path) -> ArmResult:
+    """Run (or reuse) one arm of one budget of one seed."""
+    print(f"seed {seed}, {budget}: {arm}", flush=True)
+    if arm == "uniform":
+        return run_uniform(s, seed, budget, dense)
+    if arm == "tp":
+        return run_tp(s, seed, budget, dense)
+    return run_ours(s, seed, budget, dense, kd=arm == "ours")
+
+
+# -- side-by-side measurement and report -------------------------------------------------------
+def _load_final(result: ArmResult) -> nn.Module:
+    if result.pickled:
+        return torch.load(result.model_path, weights_only=False).eval()
+    return load_model(result.model_path).eval()
+
+
+def measure_all(s: Settings, dense: Mapping[int, Path], results: Sequence[ArmResult]
+                ) -> dict[str, dict[str, float]]:
+    """Key -> MACs, latency (ms per batch) and test top-1 of every final model and dense."""
+    models = {f"seed{seed}/dense": load_model(path).eval() for seed, path in dense.items()}
+    models.update({f"seed{r.seed}/{r.budget}/{r.arm}": _load_final(r) for r in results})
+    latency = interleaved_latency(models, LATENCY.batch, LATENCY.threads,
+                                  rounds=LATENCY_ROUNDS, min_ms=LATENCY_MIN_MS)
+    measured = {key: {"macs": float(count_macs(model)), "latency_ms": latency[key]}
+                for key, model in models.items()}
+    for seed, path in dense.items():
+        _, data = seed_setup(s, seed, path)
+        loader = eval_loader(data.test, s.batch_size, 0, _cpu())
+        for key, model in models.items():
+            if key.startswith(f"seed{seed}/"):
+                measured[key]["test_top1"] = evaluate(model, loader, torch.device("cpu"))["top1"]
+    return measured
+
+
+def mismatches(results: Sequence[ArmResult], measured: Mapping[str, Mapping[str, float]]
+               ) -> list[str]:
+    """Runs whose rebuilt final model scores other than the run itself reported."""
+    found = []
+    for r in results:
+        again = measured[f"seed{r.seed}/{r.budget}/{r.arm}"]["test_top1"]
+        if r.cli_test_top1 is not None and abs(again - r.cli_test_top1) > 0.01:
+            found.append(f"seed {r.seed} {r.budget} {r.arm}: the run reported test top-1 "
+                         f"{r.cli_test_top1:.2f}, its saved model scores {again:.2f}")
+    return found
+
+
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def summarize(results: Sequence[ArmResult], measured: Mapping[str, Mapping[str, float]]
+              ) -> dict[str, dict[str, dict[str, Any]]]:
+    """Budget -> arm -> per-seed figures and their means (ratios against the seed's dense)."""
+    summary: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in results:
+        quantity, target = _budget(r.budget)
+        final, base = measured[f"seed{r.seed}/{r.budget}/{r.arm}"], measured[f"seed{r.seed}/dense"]
+        ratios = {"macs": final["macs"] / base["macs"],
+                  "latency": final["latency_ms"] / base["latency_ms"]}
+        seed_row = {"seed": r.seed, "top1": final["test_top1"],
+                    "dense_top1": base["test_top1"], "macs_ratio": ratios["macs"],
+                    "latency_ratio": ratios["latency"], "met": ratios[quantity] <= target,
+                    "own_ratio": r.own_ratio, "own_met": r.own_met, "search_s": r.search_s,
+                    "fine_tune_s": r.fine_tune_s, "total_s": r.search_s + r.fine_tune_s,
+                    "run_test_top1": r.cli_test_top1}
+        entry = summary.setdefault(r.budget, {}).setdefault(r.arm, {"seeds": []})
+        entry["seeds"].append(seed_row)
+    for arms in summary.values():
+        for entry in arms.values():
+            rows = entry["seeds"]
+            top1, std = _mean_std([row["top1"] for row in rows])
+            entry.update({
+                "top1_mean": top1, "top1_std": std,
+                "vs_dense": statistics.fmean(row["top1"] - row["dense_top1"] for row in rows),
+                "macs_ratio": statistics.fmean(row["macs_ratio"] for row in rows),
+                "latency_ratio": statistics.fmean(row["latency_ratio"] for row in rows),
+                "met": sum(row["met"] for row in rows), "own_met": sum(row["own_met"]
+                                                                      for row in rows),
+                "runs": len(rows),
+                **{key: statistics.fmean(row[key] for row in rows)
+                   for key in ("search_s", "fine_tune_s", "total_s")}})
+    return summary
+
+
+def budget_table(budget: str, arms: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per arm of one budget: top-1, achieved ratios, budget met, wall time."""
+    labels = dict(ARMS)
+    rows = []
+    for arm, _ in ARMS:
+        if arm not in arms:
+            continue
+        e = arms[arm]
+        rows.append([labels[arm], f"{e['top1_mean']:.2f} +- {e['top1_std']:.2f}",
+                     "/".join(f"{row['top1']:.2f}" for row in e["seeds"]),
+                     f"{e['vs_dense']:+.2f}", f"{e['macs_ratio']:.3f}",
+                     f"{e['latency_ratio']:.3f}", f"{e['met']}/{e['runs']}",
+                     f"{e['own_met']}/{e['runs']}", f"{e['search_s']:.1f}",
+                     f"{e['fine_tune_s']:.1f}", f"{e['total_s']:.1f}"])
+    quantity, target = _budget(budget)
+    headers = ["arm", "test top-1 %", "per seed", "vs dense", "MACs x", "latency x",
+               "met", "met (own)", "search s", "fine-tune s", "total s"]
+    title = f"budget {budget}: {quantity} <= {target} of dense"
+    return title + "\n" + tabulate(rows, headers=headers, tablefmt="github",
+                                   disable_numparse=True)
+
+
+def check_targets(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The issue's targets, each with whether it holds (None where its runs are missing)."""
+    ours = [row for arms in summary.values() for arm in ("ours", "ours-nokd")
+            for row in arms.get(arm, {}).get("seeds", [])]
+    targets = [{"target": "budget met in 100% of our runs (side-by-side figures)",
+                "value": f"{sum(r['met'] for r in ours)}/{len(ours)}",
+                "met": all(r["met"] for r in ours) if ours else None}]
+
+    def pair(budget: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        arms = summary.get(budget, {})
+        if "ours" not in arms or "tp" not in arms:
+            return None
+        return arms["ours"]["seeds"], arms["tp"]["seeds"]
+
+    low = pair("macs-0.3")
+    gains = [o["top1"] - t["top1"] for o, t in zip(*low, strict=True)] if low else []
+    targets.append({"target": "macs 0.3: ours >= Torch-Pruning global + 0.3 pt on every seed",
+                    "value": ", ".join(f"{g:+.2f}" for g in gains) or "not run",
+                    "met": all(g >= 0.3 for g in gains) if low else None})
+    high = pair("macs-0.5")
+    gains = [o["top1"] - t["top1"] for o, t in zip(*high, strict=True)] if high else []
+    targets.append({"target": "macs 0.5: ours no worse than Torch-Pruning global (mean)",
+                    "value": (f"{statistics.fmean(gains):+.2f} (per seed "
+                              f"{', '.join(f'{g:+.2f}' for g in gains)})") if gains else "not run",
+                    "met": statistics.fmean(gains) >= 0.0 if gains else None})
+    times = {b: summary[b]["ours"]["total_s"] / summary[b]["tp"]["total_s"]
+             for b in summary if "ours" in summary[b] and "tp" in summary[b]}
+    targets.append({"target": "search + fine-tune wall time of ours <= 2x Torch-Pruning's arm",
+                    "value": ", ".join(f"{b} {v:.2f}x" for b, v in times.items()) or "not run",
+                    "met": all(v <= 2.0 for v in times.values()) if times else None})
+    return targets
+
+
+def _command(s: Settings) -> str:
+    """The command line that reproduces this benchmark."""
+    return shlex.join(["python", "benchmarks/budget_fashion_mnist.py", s.data, "--seeds",
+                       str(len(s.seeds)), "--epochs", str(s.epochs), "--ft-epochs",
+                       str(s.ft_epochs), "--etrs", str(s.etrs), "--evs", str(s.evs), "--lr",
+                       str(s.lr), "--ft-lr", str(s.ft_lr), "-b", str(s.batch_size), "--budgets",
+                       *s.budgets, "--arms", *s.arms, "--out", str(s.out)])
+
+
+def _settings_line(s: Settings, dense_top1: Mapping[int, float], seconds: float) -> str:
+    """What every arm shared, the dense models' test top-1 and the benchmark's wall time."""
+    shown = ", ".join(f"seed {seed} {top1:.2f}" for seed, top1 in dense_top1.items())
+    return (f"dense: {s.epochs} epochs, LR {s.lr}; fine-tune: {s.ft_epochs} epochs, LR "
+            f"{s.ft_lr} constant; batch {s.batch_size}, train fraction {s.etrs}, validation "
+            f"split {VALIDATION_SPLIT} (fraction {s.evs} used); latency: batch {LATENCY.batch}, "
+            f"{LATENCY.threads} thread, median of interleaved rounds; dense test top-1: {shown}; "
+            f"benchmark wall time {seconds:.0f} s")
+
+
+def targets_table(targets: Sequence[Mapping[str, Any]]) -> str:
+    """The issue's targets: value and whether each is met ("-" where not run)."""
+    rows = [[t["target"], t["value"], "-" if t["met"] is None else "yes" if t["met"] else "NO"]
+            for t in targets]
+    return tabulate(rows, headers=["issue target", "value", "met"], tablefmt="github",
+                    disable_numparse=True)
+
+
+def parse_settings() -> Settings:
+    """The command line as Settings."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("data", help="Fashion-MNIST directory (the four IDX .gz files)")
+    parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
+    parser.add_argument("--epochs", type=int, default=6, help="dense training epochs")
+    parser.add_argument("--ft-epochs", type=int, default=3, help="fine-tune epochs, every arm")
+    parser.add_argument("--etrs", type=float, default=0.15, help="fraction of training data")
+    parser.add_argument("--evs", type=float, default=0.25,
+                        help="fraction of the validation split (ours' search scores on it)")
+    parser.add_argument("--lr", type=float, default=0.05, help="dense LR (10x lower at 80%%)")
+    parser.add_argument("--ft-lr", type=float, default=0.01, help="fine-tune LR (constant)")
+    parser.add_argument("-b", "--batch-size", type=int, default=128)
+    parser.add_argument("--budgets", nargs="+", default=[b for b, _, _ in BUDGETS],
+                        choices=[b for b, _, _ in BUDGETS])
+    parser.add_argument("--arms", nargs="+", default=[a for a, _ in ARMS],
+                        choices=[a for a, _ in ARMS])
+    parser.add_argument("--out", default="logs/budget-bench")
+    args = parser.parse_args()
+    return Settings(data=args.data, seeds=tuple(range(args.seeds)), epochs=args.epochs,
+                    ft_epochs=args.ft_epochs, etrs=args.etrs, evs=args.evs, lr=args.lr,
+                    ft_lr=args.ft_lr, batch_size=args.batch_size, budgets=tuple(args.budgets),
+                    arms=tuple(a for a, _ in ARMS if a in args.arms), out=Path(args.out))
+
+
+def main() -> None:
+    """Train the dense models, run every arm of every budget, measure side by side, report."""
+    s = parse_settings()
+    s.out.mkdir(parents=True, exist_ok=True)
+    command = _command(s)
+    print(f"reproduce with:\n  {command}\n", flush=True)
+    torch.use_deterministic_algorithms(True, warn_only=True)  # as the CLI's --deterministic
+    started = time.perf_counter()
+    dense: dict[int, Path] = {}
+    results: list[ArmResult] = []
+    for seed in s.seeds:
+        print(f"seed {seed}: dense", flush=True)
+        dense[seed] = train_dense(s, seed)
+        for budget in s.budgets:
+            for arm in s.arms:
+                results.append(run_arm(s, seed, budget, arm, dense[seed]))
+    print("measuring every final model side by side", flush=True)
+    measured = measure_all(s, dense, results)
+    summary = summarize(results, measured)
+    tables = [budget_table(budget, summary[budget]) for budget in s.budgets]
+    targets = check_targets(summary)
+    settings = _settings_line(s, {seed: measured[f"seed{seed}/dense"]["test_top1"]
+                                  for seed in s.seeds}, time.perf_counter() - started)
+    warnings = mismatches(results, measured)
+    report = "\n\n".join(tables + [targets_table(targets), settings] + (
+        ["WARNING " + "\nWARNING ".join(warnings)] if warnings else []))
+    print("\n" + report, flush=True)
+    _write_json(s.out / BENCH_JSON, {
+        "command": command, "settings": {**asdict(s), "out": str(s.out)},
+        "measured": measured, "runs": [asdict(r) for r in results], "summary": summary,
+        "targets": targets, "mismatches": warnings, "report": report})
+    (s.out / "table.md").write_text(report + "\n")
+    print(f"\nwritten to {s.out / BENCH_JSON}\nreproduce with:\n  {command}")
+
+
+if __name__ == "__main__":
+    main()
