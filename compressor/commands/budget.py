@@ -29,7 +29,13 @@ from compressor.budget.search import Budget, BudgetSearch
 from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
 from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import DatasetSplits
-from compressor.reports.budget import budget_rows, budget_table, plot_pareto, write_budget_json
+from compressor.reports.budget import (
+    budget_report,
+    budget_table,
+    plot_pareto,
+    unmet_line,
+    write_budget_json,
+)
 from compressor.reports.metrics import model_file_size
 from compressor.thinning.transform import probe_batch
 from compressor.training.checkpoint import save_run_checkpoint
@@ -50,8 +56,8 @@ from compressor.utils.config import (
 from compressor.utils.distributed import DistContext, barrier, broadcast_object, rank
 from compressor.utils.errors import UsageError
 
-__all__ = ["BudgetRun", "is_budget_run", "run_budget", "output_channels", "SCHEDULE_NAME",
-           "REPORT_NAME", "PARETO_NAME"]
+__all__ = ["BudgetRun", "is_budget_run", "run_budget", "SCHEDULE_NAME", "REPORT_NAME",
+           "PARETO_NAME"]
 
 LOG = logging.getLogger("compressor")
 SCHEDULE_NAME = "budget_schedule.yaml"
@@ -266,55 +272,6 @@ def _write_schedule(state: dict[str, Any], epochs: int, run_dir: Path, write: bo
     return path
 
 
-def output_channels(model: nn.Module, layer: str) -> int:
-    """The number of filters (output features) of `layer` in `model`."""
-    module = model.get_submodule(layer)
-    return int(getattr(module, "out_channels", getattr(module, "out_features", 0)))
-
-
-def _layers(state: Mapping[str, Any], model: nn.Module) -> list[dict[str, Any]]:
-    """Per group: its layers, channels before, chosen to remove, and after (on the model)."""
-    rows = []
-    for group, removed in zip(state["groups"], state["chosen"], strict=True):
-        layer = group["weights"][0].rsplit(".", 1)[0]
-        rows.append({"layer": layer, "weights": group["weights"],
-                     "channels_before": group["channels"], "removed_chosen": removed,
-                     "channels_after": output_channels(model, layer)})
-    return rows
-
-
-def _report(state: Mapping[str, Any], model: nn.Module, final_figures: Mapping[str, float],
-            final_val_top1: float, test_top1: float, setup: RunSetup,
-            fine_tune: Mapping[str, Any]) -> dict[str, Any]:
-    dense = state["dense_figures"]
-    rows = budget_rows(state["targets"], dense, final_figures)
-    drop = float(state["dense_val_top1"]) - final_val_top1
-    floor = state.get("max_drop")
-    accuracy = {"dense_val_top1": float(state["dense_val_top1"]),
-                "final_val_top1": final_val_top1, "drop": drop, "max_drop": floor,
-                "met": None if floor is None else drop <= floor}
-    return {"arch": setup.arch, "dataset": setup.dataset, "budgets": rows, "accuracy": accuracy,
-            "met": all(r["met"] for r in rows) and accuracy["met"] is not False,
-            "dense_test_top1": float(state["dense_test_top1"]), "final_test_top1": test_top1,
-            "layers": _layers(state, model), "latency": state.get("latency"),
-            "search": {"groups": len(state["groups"]), "evaluations": len(state["evaluations"]),
-                       "seconds": float(state.get("search_seconds", 0.0)),
-                       "met_before_fine_tune": bool(state.get("search_met"))},
-            "fine_tune": dict(fine_tune)}
-
-
-def _unmet_line(report: Mapping[str, Any], run_dir: Path) -> str:
-    missed = [f"{r['quantity']} at {r['achieved']:.3f} of dense, target {r['target']:.3f} "
-              f"({r['achieved'] - r['target']:.3f} over)" for r in report["budgets"]
-              if not r["met"]]
-    accuracy = report["accuracy"]
-    if accuracy["met"] is False:
-        missed.append(f"validation top-1 dropped {accuracy['drop']:.2f} points, floor "
-                      f"{accuracy['max_drop']:.2f}")
-    return (f"budget not met: {'; '.join(missed)}; the best model found is saved in "
-            f"{run_dir / 'checkpoint.pth.tar'}")
-
-
 def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
                started: float) -> int:
     """Run (or continue) a budget run; 0 when every budget holds, 1 when one is missed."""
@@ -363,8 +320,9 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
         final_val = float(evaluation_fn(data.val, run.train.loader, ctx, desc="validate")(
             final_model)["top1"])
         final_figures = _final_figures(state, model, results)
-        report = _report(state, model, final_figures, final_val,
-                         float(results.get("quantized_top1", results["top1"])), setup, {
+        report = budget_report(state, model, final_figures, final_val,
+                               float(results.get("quantized_top1", results["top1"])), setup.arch,
+                               setup.dataset, {
                              "epochs": config.epochs, "distillation": distillation is not None,
                              "seconds": time.perf_counter() - tuned_started,
                              "quantized": run.quantize is not None})
@@ -376,7 +334,7 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
             print(budget_table(report))
     if not report["met"]:
         if ctx.is_main:
-            sys.stderr.write(f"compress_classifier.py: {_unmet_line(report, run_dir)}\n")
+            sys.stderr.write(f"compress_classifier.py: {unmet_line(report, run_dir)}\n")
         return 1
     return 0
 

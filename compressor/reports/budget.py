@@ -5,13 +5,16 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tabulate import tabulate
+from torch import nn
 
 from compressor.utils.atomic_io import atomic_write, atomic_write_text
 
-__all__ = ["budget_rows", "budget_table", "write_budget_json", "plot_pareto"]
+__all__ = ["budget_rows", "budget_table", "write_budget_json", "plot_pareto", "output_channels",
+           "budget_report", "unmet_line"]
 
 _UNITS = {"macs": "MACs", "params": "parameters", "latency": "latency (s)", "size": "bytes"}
 
@@ -79,3 +82,54 @@ def plot_pareto(evaluations: Sequence[Mapping[str, Any]], targets: Mapping[str, 
     figure.suptitle("Budget search: every candidate evaluated")
     atomic_write(path, lambda handle: figure.savefig(handle, format="png", dpi=100,
                                                      bbox_inches="tight"))
+
+
+def output_channels(model: nn.Module, layer: str) -> int:
+    """The number of filters (output features) of `layer` in `model`."""
+    module = model.get_submodule(layer)
+    return int(getattr(module, "out_channels", getattr(module, "out_features", 0)))
+
+
+def _layers(state: Mapping[str, Any], model: nn.Module) -> list[dict[str, Any]]:
+    """Per group: its layers, channels before, chosen to remove, and after (on the model)."""
+    rows = []
+    for group, removed in zip(state["groups"], state["chosen"], strict=True):
+        layer = group["weights"][0].rsplit(".", 1)[0]
+        rows.append({"layer": layer, "weights": group["weights"],
+                     "channels_before": group["channels"], "removed_chosen": removed,
+                     "channels_after": output_channels(model, layer)})
+    return rows
+
+
+def budget_report(state: Mapping[str, Any], model: nn.Module, final_figures: Mapping[str, float],
+                  final_val_top1: float, test_top1: float, arch: str, dataset: str,
+                  fine_tune: Mapping[str, Any]) -> dict[str, Any]:
+    """budget.json of a budget run: its search state, final model and figures as plain data."""
+    dense = state["dense_figures"]
+    rows = budget_rows(state["targets"], dense, final_figures)
+    drop = float(state["dense_val_top1"]) - final_val_top1
+    floor = state.get("max_drop")
+    accuracy = {"dense_val_top1": float(state["dense_val_top1"]),
+                "final_val_top1": final_val_top1, "drop": drop, "max_drop": floor,
+                "met": None if floor is None else drop <= floor}
+    return {"arch": arch, "dataset": dataset, "budgets": rows, "accuracy": accuracy,
+            "met": all(r["met"] for r in rows) and accuracy["met"] is not False,
+            "dense_test_top1": float(state["dense_test_top1"]), "final_test_top1": test_top1,
+            "layers": _layers(state, model), "latency": state.get("latency"),
+            "search": {"groups": len(state["groups"]), "evaluations": len(state["evaluations"]),
+                       "seconds": float(state.get("search_seconds", 0.0)),
+                       "met_before_fine_tune": bool(state.get("search_met"))},
+            "fine_tune": dict(fine_tune)}
+
+
+def unmet_line(report: Mapping[str, Any], run_dir: Path) -> str:
+    """One line: which budgets were missed and by how much, and where the model is."""
+    missed = [f"{r['quantity']} at {r['achieved']:.3f} of dense, target {r['target']:.3f} "
+              f"({r['achieved'] - r['target']:.3f} over)" for r in report["budgets"]
+              if not r["met"]]
+    accuracy = report["accuracy"]
+    if accuracy["met"] is False:
+        missed.append(f"validation top-1 dropped {accuracy['drop']:.2f} points, floor "
+                      f"{accuracy['max_drop']:.2f}")
+    return (f"budget not met: {'; '.join(missed)}; the best model found is saved in "
+            f"{run_dir / 'checkpoint.pth.tar'}")
