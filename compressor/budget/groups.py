@@ -26,7 +26,7 @@ from compressor.thinning.recipe import THINNABLE, is_depthwise, module_sizes
 from compressor.thinning.support import dependency_graph, is_grouped
 from compressor.thinning.thin import find_thinning
 
-__all__ = ["ChannelGroup", "prunable_groups", "leader_ranking", "batchnorms_of",
+__all__ = ["ChannelGroup", "prunable_groups", "leader_norms", "leader_ranking", "batchnorms_of",
            "mask_group_filters", "group_masked"]
 
 CONV = nn.modules.conv._ConvNd
@@ -51,6 +51,17 @@ class ChannelGroup:
     def layer(self) -> str:
         """The leader's module name (how the group is named in reports)."""
         return self.leader.rsplit(".", 1)[0]
+
+    def to_state(self) -> dict[str, Any]:
+        """Plain values for a checkpoint."""
+        return {"weights": list(self.weights), "channels": self.channels,
+                "members": [list(m) for m in self.members]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> ChannelGroup:
+        """The group to_state recorded."""
+        return cls(tuple(state["weights"]), int(state["channels"]),
+                   tuple((m[0], m[1]) for m in state.get("members", ())))
 
 
 def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str]] | None:
@@ -100,11 +111,15 @@ def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
     return found
 
 
+def leader_norms(model: nn.Module, group: ChannelGroup) -> Tensor:
+    """The mean absolute weight of each of the leader's filters (rows of a linear layer)."""
+    weight = model.get_parameter(group.leader).detach()
+    return group_norms(weight, "Filters" if weight.dim() > 2 else "Rows", 1).cpu()
+
+
 def leader_ranking(model: nn.Module, group: ChannelGroup) -> Tensor:
     """The group's channel indices, least important first (the leader's filter L1 norms)."""
-    weight = model.get_parameter(group.leader).detach()
-    norms = group_norms(weight, "Filters" if weight.dim() > 2 else "Rows", 1)
-    return torch.argsort(norms.cpu(), stable=True)
+    return torch.argsort(leader_norms(model, group), stable=True)
 
 
 def batchnorms_of(model: nn.Module, groups: list[ChannelGroup]) -> dict[str, str | None]:
@@ -113,24 +128,29 @@ def batchnorms_of(model: nn.Module, groups: list[ChannelGroup]) -> dict[str, str
     return following_batchnorms(model, layers)
 
 
+def _masked_modules(model: nn.Module, group: ChannelGroup,
+                    batchnorms: dict[str, str | None]) -> list[nn.Module]:
+    """The group's layers and the batch norms that follow them: what masking its filters
+    touches."""
+    modules = []
+    for weight_name in group.weights:
+        layer_name = weight_name.rsplit(".", 1)[0]
+        modules.append(model.get_submodule(layer_name))
+        if batchnorms.get(layer_name):
+            modules.append(model.get_submodule(str(batchnorms[layer_name])))
+    return modules
+
+
 def mask_group_filters(model: nn.Module, group: ChannelGroup, channels: Tensor,
                        batchnorms: dict[str, str | None]) -> None:
     """Zero `channels` of every layer of the group, with their biases and the batch norms that
     follow them (in place), so the channels carry exact zeros as the structure pruners leave."""
     with torch.no_grad():
-        for weight_name in group.weights:
-            layer_name = weight_name.rsplit(".", 1)[0]
-            layer = model.get_submodule(layer_name)
-            layer.weight[channels] = 0.0
-            if getattr(layer, "bias", None) is not None:
-                layer.bias[channels] = 0.0
-            norm_name = batchnorms.get(layer_name)
-            if norm_name is not None:
-                norm = model.get_submodule(norm_name)
-                if norm.weight is not None:
-                    norm.weight[channels] = 0.0
-                if norm.bias is not None:
-                    norm.bias[channels] = 0.0
+        for module in _masked_modules(model, group, batchnorms):
+            for name in ("weight", "bias"):
+                param = getattr(module, name, None)
+                if param is not None:
+                    param[channels] = 0.0
 
 
 @contextmanager
@@ -138,13 +158,8 @@ def group_masked(model: nn.Module, group: ChannelGroup, channels: Tensor,
                  batchnorms: dict[str, str | None]) -> Iterator[nn.Module]:
     """`model` with `channels` of the group masked (mask_group_filters) inside the block, and
     every parameter it touched restored afterwards (cheaper than masking a copy)."""
-    touched = []
-    for weight_name in group.weights:
-        layer_name = weight_name.rsplit(".", 1)[0]
-        touched.append(model.get_submodule(layer_name))
-        if batchnorms.get(layer_name):
-            touched.append(model.get_submodule(str(batchnorms[layer_name])))
-    saved = [(p, p.detach().clone()) for m in touched for p in m.parameters(recurse=False)]
+    saved = [(p, p.detach().clone()) for m in _masked_modules(model, group, batchnorms)
+             for p in m.parameters(recurse=False)]
     try:
         mask_group_filters(model, group, channels, batchnorms)
         yield model

@@ -30,13 +30,13 @@ from compressor.budget.groups import (
     ChannelGroup,
     batchnorms_of,
     group_masked,
+    leader_norms,
     leader_ranking,
     mask_group_filters,
     prunable_groups,
 )
 from compressor.budget.measure import figures
 from compressor.budget.prices import channel_prices
-from compressor.pruning.groups import group_norms
 from compressor.thinning.recipe import apply_thinning_recipe
 from compressor.thinning.thin import find_thinning
 from compressor.utils.errors import UsageError
@@ -118,14 +118,10 @@ class BudgetSearch:
             raise UsageError("the checkpoint's budget search is of another version; start the "
                              "budget run again from the dense checkpoint")
         if "groups" in self.state:
-            self.groups = tuple(ChannelGroup(tuple(g["weights"]), int(g["channels"]),
-                                             tuple((m[0], m[1]) for m in g["members"]))
-                                for g in self.state["groups"])
+            self.groups = tuple(ChannelGroup.from_state(g) for g in self.state["groups"])
         else:
             self.groups = tuple(prunable_groups(self.dense, inputs))
-            self.state["groups"] = [{"weights": list(g.weights), "channels": g.channels,
-                                     "members": [list(m) for m in g.members]}
-                                    for g in self.groups]
+            self.state["groups"] = [g.to_state() for g in self.groups]
         if not self.groups:
             raise UsageError("the budget search found no channel group that thinning can "
                              "remove in this model; use a schedule (--compress) instead")
@@ -216,8 +212,7 @@ class BudgetSearch:
             probe = self._probe(index)
             price = sum(prices[q][index] / dense_totals[q] for q in self._price_quantities())
             rise = max(probe["loss"] - dense["loss"], 1e-4 * max(dense["loss"], 1e-3))
-            weight = self.dense.get_parameter(group.leader).detach()
-            norms = group_norms(weight, "Filters" if weight.dim() > 2 else "Rows", 1).cpu()
+            norms = leader_norms(self.dense, group)
             relative = norms[self.rankings[index]] / norms.mean().clamp_min(1e-12)
             limit = min(group.channels - 1,
                         group.channels - math.ceil(self.budget.min_keep * group.channels))

@@ -23,6 +23,7 @@ from torch.utils.data import Subset
 
 from compressor.assembly.setup import RunSetup
 from compressor.assembly.state import assemble_checkpoint
+from compressor.budget.groups import ChannelGroup
 from compressor.budget.measure import LatencySetting, figures
 from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
 from compressor.budget.search import Budget, BudgetSearch
@@ -45,6 +46,7 @@ from compressor.training.run_dir import (
     write_args_yaml,
     write_results_json,
 )
+from compressor.utils.atomic_io import atomic_write_text
 from compressor.utils.config import (
     BudgetConfig,
     DataConfig,
@@ -110,11 +112,8 @@ def _starting_state(run: BudgetRun, setup: RunSetup) -> dict[str, Any] | None:
     return recorded
 
 
-def _teacher(run: BudgetRun, setup: RunSetup, state: Mapping[str, Any] | None
-             ) -> dict[str, Any] | None:
+def _teacher(run: BudgetRun, setup: RunSetup) -> dict[str, Any] | None:
     """The distillation teacher as plain values: the dense checkpoint or pretrained arch."""
-    if state is not None:
-        return state.get("teacher")
     if not run.budget.distill:
         return None
     if run.distillation is not None:
@@ -191,7 +190,7 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
                     data: DatasetSplits, state: dict[str, Any]) -> BudgetSearch:
     """The search over `model`, its groups found (or refused, in one line) before any file is
     written."""
-    latency = _latency_setting(state, ctx)
+    latency = _latency_setting(state, ctx.device)
     size_scale = QE_SIZE_FRACTION if state.get("quantize") else 1.0
     validate = evaluation_fn(_search_subset(data.val, setup.seed), run.train.loader, ctx,
                              desc="search")
@@ -232,19 +231,21 @@ def _search_subset(dataset: Any, seed: int) -> Any:
     return Subset(dataset, sorted(chosen.tolist()))
 
 
-def _latency_setting(state: Mapping[str, Any], ctx: DistContext) -> LatencySetting | None:
+def _latency_setting(state: Mapping[str, Any], device: Any) -> LatencySetting | None:
+    """How the run times latency (its recorded batch and threads) on `device`; None without a
+    latency budget."""
     recorded = state.get("latency")
     if recorded is None:
         return None
     return LatencySetting(batch=int(recorded["batch"]), threads=int(recorded["threads"]),
-                          device=str(ctx.device))
+                          device=str(device))
 
 
 def _new_state(run: BudgetRun, setup: RunSetup, ctx: DistContext) -> dict[str, Any]:
     state: dict[str, Any] = {"version": 1, "targets": dict(run.budget.targets),
                              "evaluations": {}, "quantize": run.quantize is not None,
                              "max_drop": run.budget.max_drop, "epochs": run.train.epochs,
-                             "teacher": _teacher(run, setup, None),
+                             "teacher": _teacher(run, setup),
                              "dense_source": _dense_source(setup)}
     if "latency" in run.budget.targets:
         state["latency"] = {"batch": run.budget.latency_batch,
@@ -254,10 +255,7 @@ def _new_state(run: BudgetRun, setup: RunSetup, ctx: DistContext) -> dict[str, A
 
 def _write_schedule(state: dict[str, Any], epochs: int, run_dir: Path, write: bool) -> Path:
     """Put the chosen allocation as a schedule in the state and (rank 0) in the run directory."""
-    from compressor.budget.groups import ChannelGroup
-    from compressor.utils.atomic_io import atomic_write_text
-
-    groups = [ChannelGroup(tuple(g["weights"]), int(g["channels"])) for g in state["groups"]]
+    groups = [ChannelGroup.from_state(g) for g in state["groups"]]
     schedule = budget_schedule(groups, state["chosen"], epochs)
     targets = ", ".join(f"{q} {v:g}" for q, v in sorted(state["targets"].items()))
     text = schedule_text(schedule, [
@@ -376,13 +374,10 @@ def _rebuild_dense(source: Mapping[str, Any], device: Any) -> nn.Module:
 def _final_figures(state: Mapping[str, Any], model: nn.Module, results: Mapping[str, Any]
                    ) -> dict[str, float]:
     """The final model's budgeted figures; latency timed in alternation with the dense model."""
-    latency, reference = None, None
+    device = next(model.parameters()).device
+    latency, reference = _latency_setting(state, device), None
     quantities = tuple(sorted(state["targets"]))
-    if "latency" in quantities:
-        recorded = state["latency"]
-        device = next(model.parameters()).device
-        latency = LatencySetting(batch=int(recorded["batch"]), threads=int(recorded["threads"]),
-                                 device=str(device))
+    if latency is not None:
         reference = (_rebuild_dense(state["dense_source"], device),
                      float(state["dense_figures"]["latency"]))
     measured = _figures(model, quantities, latency, reference)
