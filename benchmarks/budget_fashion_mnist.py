@@ -28,7 +28,8 @@ Arms:
              the timed latency is. It is fine-tuned in this
              process with the framework's own train_one_epoch/evaluate, loaders, seeds and
              optimizer factory: a Torch-Pruning model has no thinning recipe, so no compressor
-             checkpoint can rebuild it (it is saved with torch.save).
+             checkpoint can rebuild it: its weights are saved (weights-only) and its structure
+             rebuilt by replaying the same deterministic steps on the dense model.
   ours-nokd  `compress_classifier.py --resume-from DENSE --target-... --no-kd`.
   ours       the same with distillation from the dense model (the budget run's default).
 
@@ -155,7 +156,8 @@ class ArmResult:
     budget: str
     arm: str
     model_path: str
-    pickled: bool  # a torch.save'd module (tp) rather than a compressor checkpoint
+    pickled: bool  # Torch-Pruning's weights (tp), rebuilt by replaying its steps, rather than
+    # a compressor checkpoint
     search_s: float
     fine_tune_s: float
     own_ratio: float  # the budgeted figure over dense, as the arm measured it when choosing
@@ -340,11 +342,20 @@ class TorchPruningWalk:
     def first_at_most(self, ratio: float) -> int:
         """The first step whose MACs are within `ratio` of dense (the last step if none)."""
         while self.macs[-1] > ratio * self.dense_macs and len(self.snapshots) <= TP_STEPS:
-            self.pruner.step()
-            self.snapshots.append(copy.deepcopy(self.model))
-            self.macs.append(_measure(self.model, "macs"))
+            self._step()
         return next((k for k, m in enumerate(self.macs) if m <= ratio * self.dense_macs),
                     len(self.macs) - 1)
+
+    def model_at(self, step: int) -> nn.Module:
+        """The model after `step` steps (taking the steps not yet taken)."""
+        while len(self.snapshots) <= step:
+            self._step()
+        return self.snapshots[step]
+
+    def _step(self) -> None:
+        self.pruner.step()
+        self.snapshots.append(copy.deepcopy(self.model))
+        self.macs.append(_measure(self.model, "macs"))
 
     def exhausted(self) -> bool:
         """Whether every step has been taken."""
@@ -436,7 +447,8 @@ def run_tp(s: Settings, seed: int, budget: str, dense: Path) -> ArmResult:
         started = time.perf_counter()
         tuned = fine_tune(model, s, setup, data)
         fine_tune_s = time.perf_counter() - started
-        torch.save(model.eval(), model_path)
+        # weights only: the structure is rebuilt by replaying the same deterministic steps
+        torch.save(model.state_dict(), model_path)
         _write_json(record_path, {**found, **tuned, "search_s": search_s,
                                   "fine_tune_s": fine_tune_s})
     record = _read_json(record_path)
@@ -456,9 +468,11 @@ def run_arm(s: Settings, seed: int, budget: str, arm: str, dense: Path) -> ArmRe
 
 
 # -- side-by-side measurement and report -------------------------------------------------------
-def _load_final(result: ArmResult) -> nn.Module:
-    if result.pickled:
-        return torch.load(result.model_path, weights_only=False).eval()
+def _load_final(result: ArmResult, dense: Path) -> nn.Module:
+    if result.pickled:  # Torch-Pruning's steps replayed on the dense model, then its weights
+        model = TorchPruningWalk(load_model(dense).eval()).model_at(int(result.detail["step"]))
+        model.load_state_dict(torch.load(result.model_path, weights_only=True))
+        return model.eval()
     return load_model(result.model_path).eval()
 
 
@@ -466,7 +480,8 @@ def measure_all(s: Settings, dense: Mapping[int, Path], results: Sequence[ArmRes
                 ) -> dict[str, dict[str, float]]:
     """Key -> MACs, latency (ms per batch) and test top-1 of every final model and dense."""
     models = {f"seed{seed}/dense": load_model(path).eval() for seed, path in dense.items()}
-    models.update({f"seed{r.seed}/{r.budget}/{r.arm}": _load_final(r) for r in results})
+    models.update({f"seed{r.seed}/{r.budget}/{r.arm}": _load_final(r, dense[r.seed])
+                   for r in results})
     latency = interleaved_latency(models, LATENCY.batch, LATENCY.threads,
                                   rounds=LATENCY_ROUNDS, min_ms=LATENCY_MIN_MS)
     measured = {key: {"macs": float(count_macs(model)), "latency_ms": latency[key]}
