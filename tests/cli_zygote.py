@@ -16,6 +16,8 @@ MASTER_PORT from the request's env); the return code is the first rank's that fa
 from __future__ import annotations
 
 import atexit
+import contextlib
+import gc
 import json
 import os
 import runpy
@@ -150,8 +152,39 @@ def preload() -> None:
     import compressor.cli.main  # noqa: F401  (everything compress_classifier.py imports)
 
     torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 from the tests' cli_env
+    preload_optional()
+    gc.collect()
+    gc.freeze()  # what the imports made lives on: no collection of the children walks it again
     if torch.cuda.is_initialized():
         raise RuntimeError("the zygote initialised CUDA; forked children could not use it")
+
+
+def preload_optional() -> None:
+    """What the runs of optional features import lazily, where their extras are installed:
+    matplotlib's Figure (plots), and torch.onnx's exporter with what its first export imports
+    (an export run would spend seconds on them; a tiny export pulls them all in). Nothing here
+    may leave a thread behind (the zygote checks)."""
+    import warnings
+
+    import torch
+
+    with contextlib.suppress(ImportError):
+        import matplotlib.figure  # noqa: F401
+    try:  # not onnxruntime: importing it starts a native thread, and forks must have none
+        import onnx  # noqa: F401
+        import onnxscript  # noqa: F401
+    except ImportError:
+        return
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(torch.nn.Conv2d(1, 1, 1).eval(), (torch.zeros(2, 1, 2, 2),), None,
+                          dynamo=True, verbose=False,
+                          dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    from tqdm import tqdm
+
+    if tqdm.monitor is not None:  # the export's progress bar started tqdm's monitor thread
+        tqdm.monitor.exit()
+        tqdm.monitor = None
 
 
 def reseed() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import gc
 import io
 import os
 import signal
@@ -186,6 +187,13 @@ def pytest_configure(config: pytest.Config) -> None:
                             "export or training of a large model): run first")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What the imports and the collection made lives to the end of the session: frozen, so
+    that the garbage collector's full passes during the tests no longer walk it."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -155,3 +155,41 @@ def test_resize_only_when_the_spec_differs() -> None:
     assert build_transforms(imagenet, "imagenet", train=True)(photo).shape == (3, 299, 299)
     with pytest.raises(UsageError, match="unknown interpolation 'cubic'"):
         build_transforms(InputSpec((1, 8, 8), 8, 8, (0.0,), (1.0,), "cubic"), "digits", False)
+
+
+@pytest.mark.parametrize(("dataset", "spec", "images"), [
+    ("digits", DIGITS_SPEC, torch.rand(1100, 1, 8, 8)),  # float pixels, normalize only
+    ("mnist", InputSpec((3, 36, 36), 40, 36, (0.4,) * 3, (0.3,) * 3, "bilinear"),
+     torch.randint(0, 256, (600, 1, 28, 28), dtype=torch.uint8)),  # RGB, resize, crop
+    ("cifar10", InputSpec((1, 20, 20), 24, 20, (0.5,), (0.25,), "bicubic"),
+     torch.randint(0, 256, (600, 3, 32, 32), dtype=torch.uint8)),  # grey, antialiased down
+])
+def test_a_deterministic_transform_runs_in_chunks_with_each_images_exact_result(
+        dataset: str, spec: InputSpec, images: torch.Tensor) -> None:
+    raw = TensorImageDataset(images, torch.arange(len(images)) % 10)
+    transform = build_transforms(spec, dataset, train=False)
+    chunked = TransformedDataset(raw, transform, batched=True)
+    one_by_one = TransformedDataset(raw, transform)
+    for index in (0, 1, 511, 512, len(raw) - 1, -1, -len(raw)):
+        got, want = chunked[index], one_by_one[index]
+        assert got[1] == want[1] and got[0].shape == tuple(spec.input_size)
+        assert torch.equal(got[0], want[0]), index  # bitwise, not merely close
+    got[0].add_(1.0)  # an item is the caller's own copy: the kept chunk is unchanged
+    assert torch.equal(chunked[-1][0], one_by_one[-1][0])
+    with pytest.raises(IndexError):
+        chunked[len(raw)]
+
+
+def test_augmentation_and_a_set_too_large_to_keep_go_image_by_image(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from compressor.data.transforms import is_deterministic
+
+    assert not is_deterministic(build_transforms(SMALL_SPEC, "cifar10", train=True))  # crop, flip
+    assert is_deterministic(build_transforms(SMALL_SPEC, "cifar10", train=False))
+    raw = TensorImageDataset(torch.rand(700, 1, 8, 8), torch.zeros(700))
+    transform = build_transforms(DIGITS_SPEC, "digits", train=False)
+    monkeypatch.setattr(TransformedDataset, "MAX_CACHED_BYTES", 700 * 64 * 4 - 1)
+    chunked = TransformedDataset(raw, transform, batched=True)
+    assert torch.equal(chunked[3][0], transform(raw[3][0]))
+    assert chunked._chunks is None  # nothing kept: one image at a time from then on
+    assert torch.equal(chunked[650][0], transform(raw[650][0]))

