@@ -161,16 +161,17 @@ def preload() -> None:
 
 def preload_optional() -> None:
     """What the runs of optional features import lazily, where their extras are installed:
-    matplotlib's Figure (plots), and torch.onnx's exporter with what its first export imports
-    (an export run would spend seconds on them; a tiny export pulls them all in). Nothing here
-    may leave a thread behind (the zygote checks)."""
+    matplotlib's Figure (plots), and torch.onnx's exporter with all that its first export
+    imports and sets up (seconds per export run otherwise; a tiny export does it). Not
+    onnxruntime: importing it starts a native thread, and the zygote must have none to fork
+    safely."""
     import warnings
 
     import torch
 
     with contextlib.suppress(ImportError):
         import matplotlib.figure  # noqa: F401
-    try:  # not onnxruntime: importing it starts a native thread, and forks must have none
+    try:
         import onnx  # noqa: F401
         import onnxscript  # noqa: F401
     except ImportError:
