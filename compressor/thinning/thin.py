@@ -51,12 +51,14 @@ def _consumer_inputs(model: nn.Module, modules: Iterable[nn.Module], inputs: Ten
     return captured
 
 
-def _constant(x: Tensor, idx: int, dim: int) -> float | None:
-    """The value of channel/feature `idx` (along `dim`) if it is the same everywhere in x."""
-    values = x.select(dim, idx)
-    first = values.reshape(-1)[0]
-    scale = max(1.0, float(first.abs()))
-    return float(first) if float((values - first).abs().max()) <= CONST_TOL * scale else None
+def _constants(x: Tensor, dim: int) -> list[float | None]:
+    """Per channel/feature along `dim`: its value if it is the same everywhere in x, else None
+    (one pass over x for all channels)."""
+    values = x.movedim(dim, 0).reshape(x.shape[dim], -1)
+    firsts = values[:, 0]
+    spreads = (values - firsts[:, None]).abs().amax(dim=1)
+    return [first if spread <= CONST_TOL * max(1.0, abs(first)) else None
+            for first, spread in zip(firsts.tolist(), spreads.tolist(), strict=True)]
 
 
 def _all_zero_along(module: nn.Module, dim: int, idxs: list[int]) -> list[bool]:
@@ -159,13 +161,16 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
     dead -= unused
     folds: dict[nn.Module, dict[int, float]] = {}
     for module, idxs, rs in consumers:
+        if not any(r in dead and r not in unused for r in rs):
+            continue
         x = captured.get(module)
+        # a linear layer reads features on the last axis (channels-last blocks: ConvNeXt)
+        constants = None if x is None else _constants(
+            x, -1 if isinstance(module, nn.Linear) else 1)
         for i, r in zip(idxs, rs, strict=True):
             if r not in dead or r in unused:
                 continue
-            # a linear layer reads features on the last axis (channels-last blocks: ConvNeXt)
-            dim = -1 if isinstance(module, nn.Linear) else 1
-            value = None if x is None else _constant(x, i, dim)
+            value = None if constants is None else constants[i]
             if value is None or (value != 0.0 and is_depthwise(module)
                                  and not _is_unpadded(module)):
                 dead.discard(r)  # not provably constant here: keep the channel
