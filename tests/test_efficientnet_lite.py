@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from compressor.assembly.setup import build_resolved_model, resolve_model
 from compressor.data.imagenet_classes import imagenet_wnids
 from compressor.data.load import load_test_dataset
-from compressor.models import create_model, description_of, get_arch_spec
-from compressor.models.pretrained import load_pretrained_weights
+from compressor.models import description_of
+from compressor.utils.config import ModelRequest
 from tests.conftest import run_cli
 
 pytest.importorskip("efficientnet_lite_pytorch", reason="install the lite extra: "
@@ -52,8 +53,8 @@ def _results(folder: Path) -> dict:
 def test_float_int8_and_qdq_classify_every_photo_alike(photos: Path, tmp_path: Path) -> None:
     out = ("-o", str(tmp_path))
     # float, in this process: the packaged weights on the photos as the CLI loads them
-    model = create_model("efficientnet_lite0", "imagenet", pretrained=True)
-    load_pretrained_weights(model, get_arch_spec("efficientnet_lite0"))
+    model = build_resolved_model(resolve_model(ModelRequest("efficientnet_lite0",
+                                                            pretrained=True)))
     test = load_test_dataset("imagenet", photos, description_of(model).input_spec,
                              num_classes=1000, pretrained=True).test
     images, labels = zip(*(test[index] for index in range(len(test))), strict=True)

@@ -318,12 +318,12 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
         final_val = float(evaluation_fn(data.val, run.train.loader, ctx, desc="validate")(
             final_model)["top1"])
         final_figures = _final_figures(state, model, results)
+        fine_tune = {"epochs": config.epochs, "distillation": distillation is not None,
+                     "seconds": time.perf_counter() - tuned_started,
+                     "quantized": run.quantize is not None}
         report = budget_report(state, model, final_figures, final_val,
                                float(results.get("quantized_top1", results["top1"])), setup.arch,
-                               setup.dataset, {
-                             "epochs": config.epochs, "distillation": distillation is not None,
-                             "seconds": time.perf_counter() - tuned_started,
-                             "quantized": run.quantize is not None})
+                               setup.dataset, fine_tune)
         results = {**model_facts(model, run_dir), **results, "budget_met": report["met"],
                    "time": time.perf_counter() - started}
         if ctx.is_main:

@@ -81,10 +81,10 @@ def _load_raw(dataset: str, root: str | Path | None, input_spec: InputSpec, *, t
     return raw
 
 
-
 def _view(raw: Dataset, transform: Callable[[Any], torch.Tensor]) -> TransformedDataset:
     """`raw` through `transform`, a batch at a time where the transform allows it."""
     return TransformedDataset(raw, transform, batched=is_deterministic(transform))
+
 
 def load_datasets(dataset: str, root: str | Path | None, input_spec: InputSpec, *,
                   validation_split: float = 0.0, effective_train_size: float = 1.0,
