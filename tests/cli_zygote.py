@@ -1,8 +1,13 @@
 """A pre-imported zygote for the tests' CLI runs: import torch once, fork a pristine child per run.
 
-The server (run as a script) and its client, CliZygote, used by tests/conftest.py's run_cli. One
-zygote per pytest worker, started as a fresh single-threaded interpreter, so forking it is safe
-(never fork a pytest worker: it has threads). Protocol, JSON lines over its stdin/stdout pipes:
+The server (run as a script: `python cli_zygote.py SOCKET`), its owner ZygoteServer and its client
+CliZygote, used by tests/conftest.py's run_cli. One zygote serves the whole pytest session: under
+pytest-xdist the controller starts it before the workers (conftest.py), and every worker connects
+to its Unix socket; started as a fresh single-threaded interpreter, so forking it is safe (never
+fork a pytest worker: it has threads). Each connection is served by a handler forked from the
+zygote, which forks one child per run. It ends when its owner closes its stdin.
+Protocol, JSON lines over the connection:
+  hello    {"pid": int, "startup_env": {...}} once the connection is accepted
   request  {"argv": [script, *args], "cwd": str, "env": {...}, "stdout_path": str,
             "stderr_path": str, "ranks": int}
   replies  {"pids": [int, ...]} once the children are forked, then {"returncode": int}.
@@ -22,44 +27,86 @@ import json
 import os
 import runpy
 import selectors
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import traceback
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 # read when an interpreter starts, so a run whose values differ needs a fresh interpreter
-STARTUP_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH")
+STARTUP_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "LD_LIBRARY_PATH",
+                     "THP_MEM_ALLOC_ENABLE")
+STARTUP_PREFIXES = ("PYTHON", "MALLOC_")  # the interpreter's, glibc's allocator tunables
 STARTUP_TIMEOUT_S = 300.0
+CONNECT_TIMEOUT_S = 60.0
 
 
 def startup_env(env: dict[str, str]) -> dict[str, str]:
-    """The part of `env` that an interpreter reads at start (PYTHON*, thread counts, loader)."""
+    """The part of `env` that an interpreter reads at start (PYTHON*, thread counts, loader,
+    allocators)."""
     return {key: value for key, value in env.items()
-            if key.startswith("PYTHON") or key in STARTUP_VARIABLES}
+            if key.startswith(STARTUP_PREFIXES) or key in STARTUP_VARIABLES}
 
 
-class CliZygote:
-    """Client side: one zygote process; each run is a child forked from it, one at a time."""
+class ZygoteServer:
+    """Owner side: starts the zygote, which serves every client connecting to `address`;
+    returns at once (the zygote imports for seconds while the clients get ready)."""
 
     def __init__(self, env: dict[str, str]) -> None:
-        self.startup_env = startup_env(env)
-        self._log = tempfile.TemporaryFile()  # the zygote's own stderr, for start-up failures
-        self._process = subprocess.Popen([sys.executable, str(Path(__file__).resolve())],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._log, cwd=ROOT, env=env)
-        self._pending = b""
-        self._reply(time.monotonic() + STARTUP_TIMEOUT_S, "start")
+        self._folder = Path(tempfile.mkdtemp(prefix="cli-zygote-"))
+        self.address = str(self._folder / "socket")
+        with open(self._folder / "log", "wb") as log:  # the zygote's own stderr
+            self._process = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), self.address],
+                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT, env=env)
 
     def alive(self) -> bool:
         """Whether the zygote process is still serving."""
         return self._process.poll() is None
+
+    def close(self) -> None:
+        """End the zygote (it leaves when its stdin closes; killed if it does not), and remove
+        its socket. Handlers still serving a client end with their connection."""
+        if self._process.stdin is not None and not self._process.stdin.closed:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+
+class CliZygote:
+    """Client side: one connection to the zygote; each run is a child forked for it, one at a
+    time."""
+
+    def __init__(self, address: str) -> None:
+        self._address = address
+        self._socket = _connect(address, time.monotonic() + CONNECT_TIMEOUT_S)
+        self._pending = b""
+        hello = self._reply(time.monotonic() + STARTUP_TIMEOUT_S, "start")
+        self.startup_env: dict[str, str] = hello["startup_env"]
+
+    def alive(self) -> bool:
+        """Whether the connection is open and its handler still serving."""
+        if self._socket.fileno() < 0:
+            return False
+        try:
+            return self._socket.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) != b""
+        except BlockingIOError:  # nothing to read: open and idle
+            return True
+        except OSError:
+            return False
 
     def run(self, command: list[str], cwd: Path, env: dict[str, str], timeout: float,
             ranks: int = 1, on_fork: Callable[[list[int]], None] | None = None
@@ -71,9 +118,7 @@ class CliZygote:
             out, err = Path(folder) / "stdout", Path(folder) / "stderr"
             request = {"argv": command[1:], "cwd": str(Path(cwd).absolute()), "env": env,
                        "stdout_path": str(out), "stderr_path": str(err), "ranks": ranks}
-            assert self._process.stdin is not None
-            self._process.stdin.write((json.dumps(request) + "\n").encode())
-            self._process.stdin.flush()
+            self._socket.sendall((json.dumps(request) + "\n").encode())
             deadline = time.monotonic() + timeout
             try:
                 pids = self._reply(deadline, "fork")["pids"]
@@ -96,33 +141,23 @@ class CliZygote:
             return subprocess.CompletedProcess(command, code, _read(out), _read(err))
 
     def close(self) -> None:
-        """End the zygote: it leaves when its stdin closes; killed if it does not."""
-        if self._process.stdin is not None and not self._process.stdin.closed:
-            self._process.stdin.close()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        if self._process.stdout is not None:
-            self._process.stdout.close()
-        self._log.close()
+        """Close the connection: its handler leaves, the zygote serves on."""
+        self._socket.close()
 
-    def _reply(self, deadline: float, what: str) -> dict[str, int]:
+    def _reply(self, deadline: float, what: str) -> dict[str, Any]:
         # raw reads with select: a buffered reader could hold a second line that select misses
-        assert self._process.stdout is not None
-        fd = self._process.stdout.fileno()
         with selectors.DefaultSelector() as selector:
-            selector.register(fd, selectors.EVENT_READ)
+            selector.register(self._socket, selectors.EVENT_READ)
             while b"\n" not in self._pending:
                 left = deadline - time.monotonic()
                 if left <= 0 or not selector.select(left):
                     raise subprocess.TimeoutExpired(what, max(0.0, left))
-                chunk = os.read(fd, 65536)
+                chunk = self._socket.recv(65536)
                 if not chunk:
-                    self._log.seek(0)
-                    log = self._log.read().decode(errors="replace")[-3000:]
-                    raise RuntimeError(f"the CLI zygote exited during {what}:\n{log}")
+                    log = Path(self._address).with_name("log")
+                    tail = log.read_text(errors="replace")[-3000:] if log.exists() else ""
+                    raise RuntimeError(f"the CLI zygote closed the connection during {what}:\n"
+                                       f"{tail}")
                 self._pending += chunk
         line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
@@ -134,6 +169,20 @@ class CliZygote:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def _connect(address: str, deadline: float) -> socket.socket:
+    """A connection to the zygote's socket, waiting for the zygote to create it."""
+    while True:
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            client.connect(address)
+            return client
+        except (FileNotFoundError, ConnectionRefusedError):
+            client.close()
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _read(path: Path) -> str:
@@ -153,6 +202,7 @@ def preload() -> None:
 
     torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 from the tests' cli_env
     preload_optional()
+    skip_exit_deregistration()
     gc.collect()
     gc.freeze()  # what the imports made lives on: no collection of the children walks it again
     if torch.cuda.is_initialized():
@@ -188,6 +238,19 @@ def preload_optional() -> None:
         tqdm.monitor = None
 
 
+def skip_exit_deregistration() -> None:
+    """torch.library's libraries deregister their operators from the dispatcher at exit
+    (weakref finalizers: tens of ms per forked run, seconds over the suite), which no run can
+    show: the zygote's own libraries skip it at a child's exit. Libraries a run creates still
+    do it, as in a new interpreter."""
+    import torch.library
+
+    for finalizer in list(weakref.finalize._registry):  # type: ignore[attr-defined]
+        info = finalizer.peek()
+        if info is not None and info[1] is torch.library._del_library:
+            finalizer.atexit = False
+
+
 def reseed() -> None:
     """New entropy for Python's, numpy's and torch's generators, as a new interpreter draws;
     otherwise every forked run would continue the zygote's random states alike."""
@@ -199,6 +262,16 @@ def reseed() -> None:
     random.seed()
     np.random.seed()
     torch.seed()
+
+
+def renew_thread_pool() -> None:
+    """Replace torch's thread pool now, while the child has one thread. A fork copies the pool
+    but not its threads, so torch replaces it on its first use after the fork; two threads using
+    it first at once (a torchrun worker's main and autograd threads) can find none ("Invalid
+    thread pool!"), which a new interpreter never meets."""
+    import torch
+
+    torch.set_num_threads(torch.get_num_threads())
 
 
 def exit_code(exc: SystemExit) -> int:
@@ -242,10 +315,9 @@ def finish(code: int) -> None:
     os._exit(code)
 
 
-def child(request: dict[str, Any], protocol: tuple[int, int]) -> None:
+def child(request: dict[str, Any], protocol: int) -> None:
     """In the forked child: own process group, the run's cwd, env and stdio, then the script."""
-    for fd in protocol:
-        os.close(fd)
+    os.close(protocol)
     os.setsid()  # a process group of its own, so a timeout can kill it with its workers
     try:
         os.chdir(request["cwd"])
@@ -256,21 +328,24 @@ def child(request: dict[str, Any], protocol: tuple[int, int]) -> None:
             os.dup2(target, fd)
             os.close(target)
         reseed()
+        renew_thread_pool()
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
         os._exit(1)
     finish(run_script(request["argv"]))
 
 
-def send(channel: IO[str], message: dict[str, int]) -> None:
-    """Write one JSON line to the test process."""
+def send(channel: IO[str], message: dict[str, Any]) -> None:
+    """Write one JSON line to the client."""
     channel.write(json.dumps(message) + "\n")
     channel.flush()
 
 
-def serve(requests: IO[str], replies: IO[str]) -> None:
-    """Answer requests until the test process closes our stdin."""
-    protocol = (requests.fileno(), replies.fileno())
+def serve(connection: socket.socket, startup: dict[str, str]) -> None:
+    """In a handler forked per connection: answer its requests until the client closes it."""
+    requests = connection.makefile("r", encoding="utf-8")
+    replies = connection.makefile("w", encoding="utf-8")
+    send(replies, {"pid": os.getpid(), "startup_env": startup})
     for line in requests:
         request = json.loads(line)
         ranks = int(request.get("ranks", 1))
@@ -280,7 +355,7 @@ def serve(requests: IO[str], replies: IO[str]) -> None:
         for rank in range(ranks):
             pid = os.fork()
             if pid == 0:
-                child(worker_request(request, rank, ranks), protocol)
+                child(worker_request(request, rank, ranks), connection.fileno())
             pids.append(pid)
         send(replies, {"pids": pids})
         codes = [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
@@ -296,10 +371,40 @@ def worker_request(request: dict[str, Any], rank: int, ranks: int) -> dict[str, 
     return {**request, "env": env}
 
 
+def accept(listener: socket.socket, owner: int, startup: dict[str, str]) -> None:
+    """Fork a handler for each connection until the owner closes our stdin (fd `owner`); reap
+    the handlers that ended."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(listener, selectors.EVENT_READ)
+        selector.register(owner, selectors.EVENT_READ)
+        while True:
+            for key, _ in selector.select(timeout=1.0):
+                if key.fileobj == owner:
+                    if not os.read(owner, 4096):
+                        return
+                    continue
+                connection, _ = listener.accept()
+                if os.fork() == 0:
+                    selector.close()
+                    listener.close()
+                    os.close(owner)
+                    serve(connection, startup)
+                    os._exit(0)
+                connection.close()
+            with contextlib.suppress(ChildProcessError):
+                while os.waitpid(-1, os.WNOHANG)[0]:
+                    pass
+
+
 def main() -> None:
-    """Move the protocol off fds 0/1 (children must not inherit them as stdio), preload, serve."""
-    requests = os.fdopen(os.dup(0), "r", encoding="utf-8")
-    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    """Listen on the socket named in argv (clients may queue while the imports run), keep the
+    owner's stdin off fd 0 and nothing on fd 1 (children must not inherit them as stdio),
+    preload, serve."""
+    startup = startup_env(dict(os.environ))
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(sys.argv[1])
+    listener.listen(16)
+    owner = os.dup(0)
     null = os.open(os.devnull, os.O_RDWR)
     os.dup2(null, 0)
     os.dup2(null, 1)
@@ -308,8 +413,7 @@ def main() -> None:
     native_threads = os.listdir("/proc/self/task") if os.path.isdir("/proc/self/task") else [0]
     if threading.active_count() != 1 or len(native_threads) != 1:
         raise RuntimeError("the zygote has threads after its imports; forking it is unsafe")
-    send(replies, {"pid": os.getpid()})  # ready
-    serve(requests, replies)
+    accept(listener, owner, startup)
     os._exit(0)  # nothing to flush or clean: skip seconds of finalising torch
 
 

@@ -20,9 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.cli_zygote import CliZygote, startup_env
+from tests.cli_zygote import CliZygote, ZygoteServer, startup_env
 
 ROOT = Path(__file__).resolve().parents[1]
+# where the session's CLI zygote listens: set by the pytest-xdist controller for its workers
+ZYGOTE_ADDRESS = "COMPRESSOR_TESTS_ZYGOTE"
 # Distiller's own schedules: beside CI's checkout (../shared), not beside a user's clone.
 CORPUS = Path(os.environ.get("DISTILLER_SCHEDULES",
                              str(ROOT.parent / "shared" / "distiller-schedules")))
@@ -72,22 +74,37 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
 
 
 def cli_zygote(env: dict[str, str]) -> CliZygote | None:
-    """This worker's zygote, started on first use; None where it cannot serve a run in `env`
-    (no fork, or CLI_ZYGOTE=0 in the environment: every run then starts a new interpreter)."""
-    if not hasattr(os, "fork") or os.environ.get("CLI_ZYGOTE") == "0":
+    """This worker's connection to the session's zygote (connected on first use); None where it
+    cannot serve a run in `env` (no fork, or CLI_ZYGOTE=0 in the environment: every run then
+    starts a new interpreter)."""
+    if not zygote_enabled():
         return None
-    zygote = _started_zygote()
+    zygote = _connected_zygote()
     if not zygote.alive():
-        _started_zygote.cache_clear()
-        zygote = _started_zygote()
+        _connected_zygote.cache_clear()
+        zygote = _connected_zygote()
     return zygote if startup_env(env) == zygote.startup_env else None
 
 
+def zygote_enabled() -> bool:
+    """Whether CLI runs fork from a zygote (where os.fork exists, unless CLI_ZYGOTE=0)."""
+    return hasattr(os, "fork") and os.environ.get("CLI_ZYGOTE") != "0"
+
+
 @functools.cache
-def _started_zygote() -> CliZygote:
-    zygote = CliZygote(cli_env())
+def _connected_zygote() -> CliZygote:
+    shared = os.environ.get(ZYGOTE_ADDRESS)
+    zygote = CliZygote(shared if shared else _own_zygote().address)
     atexit.register(zygote.close)
     return zygote
+
+
+@functools.cache
+def _own_zygote() -> ZygoteServer:
+    """The zygote of a session without pytest-xdist's controller (started on first use)."""
+    server = ZygoteServer(cli_env())
+    atexit.register(server.close)
+    return server
 
 
 def run_main(*args: str) -> subprocess.CompletedProcess[str]:
@@ -187,6 +204,12 @@ def pytest_configure(config: pytest.Config) -> None:
                             "export or training of a large model): run first")
     if os.environ.get("PYTEST_XDIST_WORKER"):
         torch.set_num_threads(1)
+    elif getattr(config.option, "numprocesses", None) and zygote_enabled():
+        # the controller of pytest-xdist's workers: one zygote for all of them, importing while
+        # they start and collect (each would otherwise import torch twice over)
+        server = ZygoteServer(cli_env())
+        os.environ[ZYGOTE_ADDRESS] = server.address
+        config.add_cleanup(server.close)
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
