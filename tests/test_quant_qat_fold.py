@@ -86,6 +86,23 @@ def test_a_zero_gamma_channel_stays_finite_and_zero_in_the_deployed_weight() -> 
     assert torch.isfinite(plain.conv2.weight).all()
 
 
+def test_preparing_a_trained_model_again_leaves_every_tensor_as_it_was() -> None:
+    """A resume prepares the model again: the check plans on a copy of its structure that
+    shares its tensors, and neither changes nor replaces any of them."""
+    torch.manual_seed(0)
+    model = create_model("simplenet_digits", "digits")
+    quantizer = _quantizer()
+    quantizer.prepare(model)
+    _trained(model, torch.randn(16, 1, 8, 8), steps=2)
+    before = {name: (tensor, tensor.detach().clone())
+              for name, tensor in model.state_dict(keep_vars=True).items()}
+    quantizer.prepare(model)
+    after = model.state_dict(keep_vars=True)
+    assert after.keys() == before.keys()
+    for name, (tensor, values) in before.items():
+        assert after[name] is tensor and torch.equal(after[name], values), name
+
+
 def test_a_recipe_saved_before_folding_rebuilds_unfolded() -> None:
     recipe = _quantizer().recipe()
     assert recipe["args"]["fold_batchnorm"] is True

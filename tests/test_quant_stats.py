@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,54 @@ def test_collect_stats_over_batches_with_hooks():
     # the model is back in training mode and carries no hooks
     assert model.training and model.fc.training
     assert not model.fc._forward_hooks and not model.fc._forward_pre_hooks
+
+
+class Branches(nn.Module):
+    """conv -> in-place ReLU, a residual add and a concatenation: the tensors a module measures
+    as its input are sometimes the previous module's output unchanged, sometimes not."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.relu1 = nn.ReLU(inplace=True)
+        self.conv2 = nn.Conv2d(4, 4, 3, padding=1)
+        self.relu2 = nn.ReLU()
+        self.conv3 = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.relu1(self.conv1(x))
+        z = self.relu2(self.conv2(y) + y)
+        return self.conv3(torch.cat([y, z], dim=1))
+
+
+def test_a_tensor_measured_twice_gives_what_measuring_it_anew_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module's input is mostly the tensor the module before it measured as its output: its
+    figures are reused for that very tensor unchanged only, so the statistics equal a fresh
+    measurement of every tensor."""
+    from compressor.quantization import stats as stats_module
+
+    torch.manual_seed(0)
+    model = Branches().eval()
+    batches = [torch.randn(3, 3, 6, 6), torch.randn(2, 3, 6, 6)]
+    counts = {"asked": 0, "measured": 0}
+    reuse = stats_module._Memo.get
+
+    def counted(memo: object, tensor: torch.Tensor, key: object,
+                compute: Callable[[torch.Tensor], object]) -> object:
+        counts["asked"] += 1
+
+        def measure(t: torch.Tensor) -> object:
+            counts["measured"] += 1
+            return compute(t)
+        return reuse(memo, tensor, key, measure)
+
+    monkeypatch.setattr(stats_module._Memo, "get", counted)
+    reused = collect_stats(model, batches)
+    assert 0 < counts["measured"] < counts["asked"]  # some measurements were reused
+    monkeypatch.setattr(stats_module._Memo, "get", lambda memo, tensor, key, compute:
+                        compute(tensor))
+    assert reused == collect_stats(model, batches)
 
 
 def test_collect_stats_loader_batches_and_module_types():

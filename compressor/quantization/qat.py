@@ -16,6 +16,7 @@ range in eval; the other methods are in `qat_methods.py`.
 from __future__ import annotations
 
 import copy
+import itertools
 import math
 import numbers
 from collections.abc import Mapping
@@ -260,7 +261,12 @@ class QATQuantizer:
 
     def _check_prepared(self, model: nn.Module, existing: Mapping[str, QATWrapper]) -> None:
         """Refuse a model prepared with another recipe; re-attach a lost input hook."""
-        plain = copy.deepcopy(model)  # plan on the unwrapped structure
+        # plan on the unwrapped structure: a copy of the modules that shares their tensors
+        # (planning reads names, types and shapes, never values; a full copy of a large model
+        # was most of the check's time and memory)
+        shared = {id(tensor): tensor for tensor in itertools.chain(model.parameters(),
+                                                                   model.buffers())}
+        plain = copy.deepcopy(model, memo=shared)
         unprepare(plain)
         planned = self.plan(plain)
         wanted = {name: w.signature() for name, w in planned.items()}

@@ -25,6 +25,7 @@ import difflib
 import math
 import numbers
 import os
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -221,22 +222,19 @@ class _Running:
         self.mean: Tensor | None = None  # after the first pass
         self.shape = ""
 
-    def first(self, tensor: Tensor) -> None:
+    def first(self, tensor: Tensor, memo: _Memo | None = None) -> None:
         """Pass one: min, max, per-sample min/max sums, value sum."""
-        act = _rows(tensor)
-        if act.numel() == 0:
+        part = memo.get(tensor, None, _first_part) if memo is not None else _first_part(tensor)
+        if part is None:
             return
-        # one value per sample: per-batch min / max instead (as Distiller)
-        dim = 0 if act.shape[1] == 1 else 1
-        mins, maxes = torch.aminmax(act, dim=dim)
-        low, high = mins.min(), maxes.max()
+        low, high, mins_sum, maxes_sum, value_sum, units, numel = part
         self.low = low if self.low is None else torch.minimum(self.low, low)
         self.high = high if self.high is None else torch.maximum(self.high, high)
-        self._add(0, mins.sum(dtype=torch.float64))
-        self._add(1, maxes.sum(dtype=torch.float64))
-        self._add(2, _row_sums(act))
-        self.units += mins.numel()
-        self.numel += act.numel()
+        self._add(0, mins_sum)
+        self._add(1, maxes_sum)
+        self._add(2, value_sum)
+        self.units += units
+        self.numel += numel
         self.shape = self.shape or _shape_text(tensor)
 
     def end_first(self) -> None:
@@ -244,19 +242,21 @@ class _Running:
         if self.numel:
             self.mean = self.sums[2] / self.numel
 
-    def second(self, tensor: Tensor) -> None:
+    def second(self, tensor: Tensor, memo: _Memo | None = None) -> None:
         """Pass two: squared and absolute deviations from the mean."""
-        act = _rows(tensor)
-        if act.numel() == 0 or self.mean is None:
+        mean = self.mean
+        if mean is None:
             return
-        deviation = act - self.mean.to(device=act.device, dtype=act.dtype)
-        # per row without temporaries (at least float32), then the rows in float64
-        dtype = _row_dtype(deviation)
-        self._add(4, torch.linalg.vector_norm(deviation, 1, dim=1, dtype=dtype).sum(
-            dtype=torch.float64))
-        self._add(3, torch.linalg.vector_norm(deviation, 2, dim=1, dtype=dtype).square().sum(
-            dtype=torch.float64))
-        self.numel_second += act.numel()
+        if memo is not None and tensor.device.type == "cpu":  # keyed by the mean: no host sync
+            part = memo.get(tensor, float(mean), lambda x: _second_part(x, mean))
+        else:
+            part = _second_part(tensor, mean)
+        if part is None:
+            return
+        absolute, squared, numel = part
+        self._add(4, absolute)
+        self._add(3, squared)
+        self.numel_second += numel
 
     def _add(self, slot: int, value: Tensor) -> None:
         """Accumulate on the tensor's device (no host sync per batch)."""
@@ -275,6 +275,58 @@ class _Running:
             "std": math.sqrt(float(self.sums[3]) / second), "b": float(self.sums[4]) / second,
             "shape": self.shape,
         }
+
+
+def _first_part(tensor: Tensor) -> tuple[Any, ...] | None:
+    """Pass one's figures of one tensor: min, max, sums of per-sample mins and maxes, sum of
+    values, samples, values (None if empty)."""
+    act = _rows(tensor)
+    if act.numel() == 0:
+        return None
+    # one value per sample: per-batch min / max instead (as Distiller)
+    dim = 0 if act.shape[1] == 1 else 1
+    mins, maxes = torch.aminmax(act, dim=dim)
+    return (mins.min(), maxes.max(), mins.sum(dtype=torch.float64),
+            maxes.sum(dtype=torch.float64), _row_sums(act), mins.numel(), act.numel())
+
+
+def _second_part(tensor: Tensor, mean: Tensor) -> tuple[Tensor, Tensor, int] | None:
+    """Pass two's figures of one tensor: sums of absolute and squared deviations from `mean`,
+    values (None if empty)."""
+    act = _rows(tensor)
+    if act.numel() == 0:
+        return None
+    deviation = act - mean.to(device=act.device, dtype=act.dtype)
+    # per row without temporaries (at least float32), then the rows in float64
+    dtype = _row_dtype(deviation)
+    absolute = torch.linalg.vector_norm(deviation, 1, dim=1, dtype=dtype).sum(dtype=torch.float64)
+    squared = torch.linalg.vector_norm(deviation, 2, dim=1, dtype=dtype).square().sum(
+        dtype=torch.float64)
+    return absolute, squared, act.numel()
+
+
+class _Memo:
+    """The figures last computed from a few tensors, by tensor (identity and version: an in-place
+    module makes a new version) and key. A module's input is mostly the output the module before
+    it just measured: measured once, not twice. Holds weak references only, so no activation
+    lives longer than the forward pass keeps it."""
+
+    SIZE = 8
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, int, Any], tuple[weakref.ref[Tensor], Any]] = {}
+
+    def get(self, tensor: Tensor, key: Any, compute: Callable[[Tensor], Any]) -> Any:
+        """compute(tensor), or what it gave for this very tensor and key."""
+        entry_key = (id(tensor), tensor._version, key)
+        entry = self._entries.get(entry_key)
+        if entry is not None and entry[0]() is tensor:
+            return entry[1]
+        value = compute(tensor)
+        if len(self._entries) >= self.SIZE:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[entry_key] = (weakref.ref(tensor), value)
+        return value
 
 
 def _row_dtype(rows: Tensor) -> torch.dtype:
@@ -374,9 +426,9 @@ def collect_stats(model: nn.Module, batches: Iterable[Any],
     model.eval()
     try:
         for second in (False, True):
-            handles = []
+            handles, memo = [], _Memo()
             for name, module in modules:
-                handles += _hooks(module, slots[name], second)
+                handles += _hooks(module, slots[name], second, memo)
             try:
                 with torch.no_grad():
                     count = 0
@@ -400,13 +452,13 @@ def collect_stats(model: nn.Module, batches: Iterable[Any],
     return {name: result for name, result in results if result is not None}
 
 
-def _hooks(module: nn.Module, slots: _Slots, second: bool) -> list[Any]:
+def _hooks(module: nn.Module, slots: _Slots, second: bool, memo: _Memo) -> list[Any]:
     """A pre-hook measuring the inputs and a hook measuring the output of `module`."""
     def measure(running: _Running, tensor: Tensor) -> None:
         if second:
-            running.second(tensor)
+            running.second(tensor, memo)
         else:
-            running.first(tensor)
+            running.first(tensor, memo)
 
     def before(_: nn.Module, args: tuple[Any, ...]) -> None:
         for index, value in enumerate(args):
