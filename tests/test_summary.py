@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from compressor.models import InputSpec, create_model, description_of, get_arch_spec
-from compressor.reports.metrics import count_macs, layer_costs, model_file_size, model_metrics
+from compressor.reports.metrics import (
+    count_macs,
+    layer_costs,
+    model_file_bytes,
+    model_file_size,
+    model_metrics,
+)
 from compressor.reports.summary import print_summary
 from compressor.utils.errors import UsageError
 
@@ -36,6 +42,7 @@ def test_masked_weights_are_counted_in_place():
     assert metrics["params"] == dense_metrics["params"]
     assert metrics["nonzero_params"] == dense_metrics["nonzero_params"] - 8 * 16 * 9
     assert model_file_size(model)[0] == pytest.approx(model_file_size(dense)[0], rel=0.01)
+    assert model_file_bytes(model) == model_file_size(model)[0]  # the size alone, uncompressed
     table = print_summary(model, "sparsity")
     row = next(line for line in table.splitlines() if "layer1.0.conv1.weight" in line)
     assert "50.00" in row  # half of the filters and half of the elements are zero

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from compressor.models.description import description_of
-from compressor.reports.metrics import count_macs, model_file_size
+from compressor.reports.metrics import count_macs, model_file_bytes
 
 __all__ = ["QUANTITIES", "LatencySetting", "measure_latency", "figures"]
 
@@ -106,7 +106,7 @@ def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetti
         elif quantity == "params":
             measured["params"] = float(sum(p.numel() for p in model.parameters()))
         elif quantity == "size":
-            measured["size"] = float(model_file_size(model)[0])
+            measured["size"] = float(model_file_bytes(model))
         elif quantity == "latency":
             if latency is None:
                 raise ValueError("latency needs a LatencySetting")

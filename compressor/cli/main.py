@@ -188,9 +188,9 @@ def run(args: argparse.Namespace) -> int:
                                             record, calibration)
         if config.reports.confusion:
             results.update(confusion_results(ctx, model, data, writer_dir, config.loader))
-        results = {**model_facts(model, run_dir), **results,
-                   "time": time.perf_counter() - started}
-        if ctx.is_main:
+        if ctx.is_main:  # the other ranks write nothing: no model figures (seconds) for them
+            results = {**model_facts(model, run_dir), **results,
+                       "time": time.perf_counter() - started}
             write_results_json(run_dir, results)
             _print_results(results)
     return 0

@@ -37,7 +37,7 @@ from compressor.reports.budget import (
     unmet_line,
     write_budget_json,
 )
-from compressor.reports.metrics import model_file_size
+from compressor.reports.metrics import model_file_bytes
 from compressor.thinning.transform import probe_batch
 from compressor.training.checkpoint import save_run_checkpoint
 from compressor.training.run_dir import (
@@ -324,9 +324,9 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
         report = budget_report(state, model, final_figures, final_val,
                                float(results.get("quantized_top1", results["top1"])), setup.arch,
                                setup.dataset, fine_tune)
-        results = {**model_facts(model, run_dir), **results, "budget_met": report["met"],
-                   "time": time.perf_counter() - started}
-        if ctx.is_main:
+        if ctx.is_main:  # the other ranks write nothing: no model figures (seconds) for them
+            results = {**model_facts(model, run_dir), **results, "budget_met": report["met"],
+                       "time": time.perf_counter() - started}
             write_budget_json(run_dir / REPORT_NAME, report)
             write_results_json(run_dir, results)
             print(budget_table(report))
@@ -382,6 +382,7 @@ def _final_figures(state: Mapping[str, Any], model: nn.Module, results: Mapping[
                      float(state["dense_figures"]["latency"]))
     measured = _figures(model, quantities, latency, reference)
     if "size" in measured:
-        measured["size"] = float(results.get("quantized_model_file_size",
-                                             model_file_size(model)[0]))
+        quantized_size = results.get("quantized_model_file_size")
+        measured["size"] = float(quantized_size if quantized_size is not None
+                                 else model_file_bytes(model))
     return measured

@@ -94,6 +94,20 @@ def count_macs(model: nn.Module) -> int:
     return sum(cost.macs for cost in layer_costs(model))
 
 
+def _saved_state(model: nn.Module) -> bytes:
+    """The bytes torch.save writes for the model's state_dict (integer weights when quantized)."""
+    from compressor.assembly.state import plain_state_dict
+
+    buffer = io.BytesIO()
+    torch.save({k: v.detach().cpu() for k, v in plain_state_dict(model).items()}, buffer)
+    return buffer.getvalue()
+
+
+def model_file_bytes(model: nn.Module) -> int:
+    """Bytes of the saved state_dict (masks are in the weights), without compressing it."""
+    return len(_saved_state(model))
+
+
 def model_file_size(model: nn.Module) -> tuple[int, int]:
     """Bytes of the saved state_dict (masks are in the weights), plain and compressed.
 
@@ -103,11 +117,7 @@ def model_file_size(model: nn.Module) -> tuple[int, int]:
     deflate's general matching on float weights (seconds for a 100 MB model) and a size within
     1% of it.
     """
-    from compressor.assembly.state import plain_state_dict  # integer weights when quantized
-
-    buffer = io.BytesIO()
-    torch.save({k: v.detach().cpu() for k, v in plain_state_dict(model).items()}, buffer)
-    data = buffer.getvalue()
+    data = _saved_state(model)
     compressor = zlib.compressobj(1, zlib.DEFLATED, 15, 9, zlib.Z_RLE)
     return len(data), len(compressor.compress(data) + compressor.flush())
 
