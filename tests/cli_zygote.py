@@ -203,6 +203,7 @@ def preload() -> None:
     torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 from the tests' cli_env
     preload_optional()
     skip_exit_deregistration()
+    forget_tqdm_lock()
     gc.collect()
     gc.freeze()  # what the imports made lives on: no collection of the children walks it again
     if torch.cuda.is_initialized():
@@ -236,6 +237,18 @@ def preload_optional() -> None:
     if tqdm.monitor is not None:  # the export's progress bar started tqdm's monitor thread
         tqdm.monitor.exit()
         tqdm.monitor = None
+
+
+def forget_tqdm_lock() -> None:
+    """Drop tqdm's write lock (made by the export's progress bar), so each run makes its own as
+    a new interpreter does: it is a multiprocessing lock, shared by every process forked after
+    it is made, and a run killed while holding it (the tests SIGKILL runs) would block every
+    later run's progress bar for good."""
+    from tqdm.std import TqdmDefaultWriteLock, tqdm
+
+    for owner, name in ((tqdm, "_lock"), (TqdmDefaultWriteLock, "mp_lock")):
+        if name in vars(owner):
+            delattr(owner, name)
 
 
 def skip_exit_deregistration() -> None:

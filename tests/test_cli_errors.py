@@ -115,3 +115,40 @@ def test_corrupt_image_is_named(tmp_path: Path) -> None:
     result = run_cli(str(data), "-a", "squeezenet1_1", "-e", "-b", "2", "-j", "1", "--vs", "0",
                      "-o", str(tmp_path / "out"))
     assert_user_error(result, str(bad))
+
+
+def test_a_failed_runs_frames_are_freed_before_main_returns(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DataLoader worker's error is re-raised from a frame that holds it (a reference cycle),
+    and the frames of the failed run hold the iterator: main frees them before it returns, so the
+    iterator stops its workers at once, not at exit (where it waited 5 s for them)."""
+    import gc
+    import importlib
+    import weakref
+
+    from compressor.utils.errors import DataError
+
+    cli_main = importlib.import_module("compressor.cli.main")  # the module, not its main()
+
+    class Iterator:
+        """Stands for the DataLoader iterator a failed epoch's frame holds."""
+
+    held: list[weakref.ref[Iterator]] = []
+
+    def reraise(exception: DataError) -> None:
+        raise exception  # as torch's ExceptionWrapper.reraise: its frame holds the error
+
+    def failing_run(_: object) -> int:
+        iterator = Iterator()
+        held.append(weakref.ref(iterator))
+        reraise(DataError("corrupt image file x.jpg: truncated; remove or replace it"))
+        return 0
+
+    monkeypatch.setattr(cli_main, "parse_args", lambda argv: argv)
+    monkeypatch.setattr(cli_main, "run", failing_run)
+    gc.disable()  # only reference counting frees it: no collection may hide a cycle
+    try:
+        assert cli_main.main([]) == 2
+        assert held and held[0]() is None
+    finally:
+        gc.enable()

@@ -117,3 +117,18 @@ def test_ranks_are_forked_together_with_torchruns_environment(zygote: CliZygote,
                     for rank in range(3)]
     failed = zygote.run([sys.executable, str(script), "5"], tmp_path, env, 60, ranks=3)
     assert failed.returncode == 5  # the first rank that failed, as torchrun reports a failure
+
+
+LOCK_PROBE = """\
+from tqdm.std import TqdmDefaultWriteLock, tqdm
+print("_lock" in vars(tqdm), "mp_lock" in vars(TqdmDefaultWriteLock))
+"""
+
+
+def test_a_run_makes_its_own_progress_bar_lock(zygote: CliZygote, tmp_path: Path) -> None:
+    """tqdm's write lock is a multiprocessing lock: one made in the zygote would be shared by
+    every run, and a run killed while holding it would block all later runs' progress bars."""
+    script = tmp_path / "lock.py"
+    script.write_text(LOCK_PROBE)
+    result = zygote.run([sys.executable, str(script)], tmp_path, cli_env(), 60)
+    assert (result.returncode, result.stdout) == (0, "False False\n")

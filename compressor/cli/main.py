@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,10 @@ def main(argv: list[str] | None = None) -> int:
         return run(parse_args(argv))
     except CompressorError as exc:
         sys.stderr.write(f"compress_classifier.py: error: {_one_line(exc)}\n")
+        # the failed run's frames may hold a DataLoader iterator (a worker's error keeps them in
+        # a reference cycle): free it now, while its queues run; left to the exit, it waits
+        # seconds for workers that never hear they should stop
+        traceback.clear_frames(exc.__traceback__)
         return 2
     finally:
         shutdown()
