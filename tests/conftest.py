@@ -94,9 +94,18 @@ def zygote_enabled() -> bool:
 @functools.cache
 def _connected_zygote() -> CliZygote:
     shared = os.environ.get(ZYGOTE_ADDRESS)
-    zygote = CliZygote(shared if shared else _own_zygote().address)
+    zygote = CliZygote(shared if shared else _serving_own_zygote().address)
     atexit.register(zygote.close)
     return zygote
+
+
+def _serving_own_zygote() -> ZygoteServer:
+    """This session's own zygote, started anew if the last one ended (a run that killed it)."""
+    server = _own_zygote()
+    if not server.alive():
+        _own_zygote.cache_clear()
+        server = _own_zygote()
+    return server
 
 
 @functools.cache
