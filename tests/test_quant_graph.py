@@ -32,7 +32,7 @@ FAMILIES = {
     "simplenet_mnist": None, "mobilenet_025": 64, "preact_resnet18": 64, "resnet18": 64,
     "mobilenet_v2": 64, "mobilenet_v3_small": 64, "efficientnet_b0": 64, "mnasnet0_5": 64,
     "regnet_x_400mf": 64, "googlenet": 64, "inception_v3": 96, "shufflenet_v2_x0_5": 64,
-    "squeezenet1_1": 64, "convnext_tiny": 64, "swin_t": 64,
+    "squeezenet1_1": 64, "convnext_tiny": 64, "swin_t": 64, "densenet_bc_40_cifar": None,
 }
 
 
@@ -139,3 +139,52 @@ def test_cli_converts_a_network_of_functional_ops_and_rebuilds_it(tmp_path: Path
     recipe = torch.load(tmp_path / "int8" / "quantized_checkpoint.pth.tar",
                         weights_only=True)["model_attrs"]["transforms"][-1]["recipe"]
     assert recipe["graph"] == 1 and recipe["kernels"] == "int8"
+
+
+def _lowered(arch: str) -> tuple[nn.Module, nn.Module, torch.Tensor]:
+    """(simulated, int8) of one architecture, and inputs."""
+    model, x = _model(arch, FAMILIES[arch])
+    graph = explicit_graph(model, x[:1])
+    settings = settings_from_args({"mode": {"activations": "asym_u", "weights": "sym"},
+                                   "per_channel_wts": True,
+                                   "reduce_range": kernels_saturate("x86")}, "q")
+    simulated = PostTrainLinearQuantizer(settings, collect_stats(graph, [x])).quantize(graph)
+    return simulated, convert_to_int8(simulated, "x86"), x
+
+
+def test_the_int8_graph_calls_the_kernels_torch_ao_would() -> None:
+    """Grids are known when the graph is built: layers call their kernels directly, a residual
+    add -> ReLU is one add_relu, with no requantization between layers."""
+    simulated, int8, x = _lowered("resnet20_cifar")
+    code = int8.model.code
+    assert code.count("torch.ops.quantized.add_relu(") == 9 and "quantized.add(" not in code
+    # the model's input and the classifier's (average pooling computes in float, as simulated)
+    assert code.count("requantize(") == 2
+    called = [int8.model.get_submodule(str(n.target)) for n in int8.model.graph.nodes
+              if n.op == "call_module"]
+    assert not [m for m in called if type(m).__name__ in ("_Int8Module", "Identity")]
+    with torch.no_grad():
+        sim, got = simulated(x), int8(x)
+    step = float(simulated.fc.output_scale) ** -1
+    assert (got - sim).abs().max() <= 3 * step
+
+
+def test_a_concatenation_shares_one_grid_with_its_inputs() -> None:
+    """DenseNet: each block's concatenations and the layers feeding them quantize onto one
+    grid (as torch.ao shares one observer), so int8 concatenates the integers as they are; a
+    batch norm -> ReLU on the quantized features runs as torch's quantized BNReLU2d."""
+    simulated, int8, x = _lowered("densenet_bc_40_cifar")
+    cats = {n: m for n, m in simulated.named_modules() if isinstance(getattr(m, "wrapped", None),
+                                                                    Concat)}
+    assert cats
+    for name, cat in cats.items():
+        for i in range(len(cat.inputs)):
+            assert torch.equal(cat.qparams(f"input{i}")[0], cat.qparams("output")[0]), name
+    code = int8.model.code
+    assert "torch.cat(" in code and "quantized.cat" not in code
+    # every concatenation's norm -> ReLU but the last one's (the final ReLU is functional)
+    assert sum(type(m).__name__ == "BNReLU2d" for m in int8.modules()) == len(cats) - 1
+    with torch.no_grad():
+        sim, got = simulated(x), int8(x)
+    step = float(simulated.classifier.output_scale) ** -1
+    assert (got - sim).abs().max() <= 3 * step

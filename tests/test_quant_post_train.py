@@ -60,8 +60,12 @@ def test_wrapped_linear_hand_worked() -> None:
 def test_batchnorm_folding_is_exact_in_float() -> None:
     model, x, _ = _resnet20()
     expected = model(x)
-    fusions = [Fusion(f.layer, f.batchnorm, None) for f in find_fusions(model)]
+    found = find_fusions(model)
+    fusions = [Fusion(f.layer, f.batchnorm, None) for f in found if f.batchnorm]
     assert len(fusions) == 21 and fusions[0] == Fusion("conv1", "bn1", None)
+    # each residual add -> ReLU is a pair too (int8's add_relu); nothing to fold in it
+    adds = [f for f in found if not f.batchnorm]
+    assert len(adds) == 9 and Fusion("layer1.0.residual_eltwiseadd", None, "layer1.0.relu2") in adds
     apply_fusions(model, fusions)
     assert isinstance(model.bn1, nn.Identity) and model.conv1.bias is not None
     torch.testing.assert_close(model(x), expected, rtol=1e-4, atol=1e-5)
@@ -78,12 +82,19 @@ def test_quantize_uses_folded_and_fused_statistics() -> None:
     low, high = stats_range(stats["layer1.0.bn2"]["output"], "AVG", "ASYMMETRIC_UNSIGNED", 8)
     assert torch.equal(model.layer1[0].conv2.output_scale,
                        quant_params(low, high, 8, "asym_u")[0])
+    # the residual add quantizes once, after its fused ReLU, on the ReLU's (half) range
+    add = model.layer1[0].residual_eltwiseadd
+    assert isinstance(model.layer1[0].relu2, nn.Identity) and isinstance(add.activation, nn.ReLU)
+    low, high = stats_range(stats["layer1.0.relu2"]["output"], "AVG", "ASYMMETRIC_UNSIGNED", 8,
+                            half_range=True)
+    assert torch.equal(add.output_scale, quant_params(low, high, 8, "asym_u")[0])
     # an input fed by a quantized layer is quantized with that layer's output parameters
     assert torch.equal(model.layer1[0].conv1.input0_scale, model.conv1.output_scale)
     add = model.layer1[0].residual_eltwiseadd
     assert torch.equal(add.input1_scale, model.layer1[0].conv2.output_scale)
     rows = {row["name"]: row for row in quantization_summary(model)}
-    assert rows["conv1"]["fused"] == "ReLU" and rows["layer1.0.relu2"]["kind"] == "activation"
+    assert rows["conv1"]["fused"] == "ReLU" and "layer1.0.relu2" not in rows
+    assert rows["layer1.0.residual_eltwiseadd"]["fused"] == "ReLU"
     assert is_quantized(model)
     assert (model(x).argmax(1) == _resnet20()[0](x).argmax(1)).float().mean() >= 0.9
 

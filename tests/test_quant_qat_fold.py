@@ -70,7 +70,9 @@ def test_the_weight_quantized_is_the_folded_one_int8_deploys() -> None:
     with torch.no_grad():
         qat, deployed = model(x), simulated(x)
     step = float(simulated.fc.output_scale) ** -1  # the logits' grid step
-    assert (qat - deployed).abs().max() <= 2 * step
+    # at most two steps of the logits' grid (float rounding in the float ops between grids
+    # decides ties: the difference is a whole number of steps, up to float error)
+    assert (qat - deployed).abs().max() <= 2 * step * (1 + 1e-4)
 
 
 def test_a_zero_gamma_channel_stays_finite_and_zero_in_the_deployed_weight() -> None:
@@ -134,3 +136,27 @@ def test_every_family_trains_folded_and_comes_back_float(arch: str) -> None:
     assert {k: type(m) for k, m in plain.named_modules()} == {
         k: type(m) for k, m in float_model.named_modules()}
     quantizer.prepare(model)  # prepared again (a resume): nothing changes, nothing refused
+
+
+def test_a_residual_add_trains_with_its_relu_fused_as_int8_deploys_it() -> None:
+    """resnet20's add -> ReLU is one wrapper quantizing after the ReLU, as PTQ and int8's
+    add_relu quantize it; the model deployed from the QAT ranges computes what QAT did."""
+    torch.manual_seed(0)
+    model = trained_like_batchnorms(create_model("resnet20_cifar", "cifar10"))
+    quantizer = _quantizer()
+    quantizer.prepare(model)
+    add = model.layer1[0].residual_eltwiseadd
+    assert isinstance(add, FusedQATWrapper) and isinstance(add.activation, nn.ReLU)
+    assert isinstance(model.layer1[0].relu2, nn.Identity)
+    x = torch.randn(16, 3, 16, 16)
+    _trained(model, x)
+    plain, stats = qat_to_float(model)
+    assert isinstance(plain.layer1[0].relu2, nn.ReLU)  # the float model is whole again
+    simulated = PostTrainLinearQuantizer(quantizer.settings, stats, False).quantize(plain.eval())
+    deployed = simulated.layer1[0].residual_eltwiseadd
+    assert isinstance(deployed.activation, nn.ReLU)
+    assert add.output_quant.output_range()[0] >= 0  # tracked after the ReLU
+    with torch.no_grad():
+        qat, ptq = model(x), simulated(x)
+    step = float(simulated.fc.output_scale) ** -1
+    assert (qat - ptq).abs().max() <= 4 * step * (1 + 1e-4)

@@ -156,11 +156,12 @@ def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Mo
 
 
 def _post_train(float_model: nn.Module, settings: Any, stats: dict[str, Any] | None,
-                dynamic: bool) -> nn.Module:
+                dynamic: bool, share_concat: bool = True) -> nn.Module:
     from compressor.quantization.post_train import PostTrainLinearQuantizer
 
     description = description_of(float_model)
-    quantizer = PostTrainLinearQuantizer(settings, stats, dynamic=dynamic)
+    quantizer = PostTrainLinearQuantizer(settings, stats, dynamic=dynamic,
+                                         share_concat=share_concat)
     quantized = quantizer.quantize(float_model)
     return record_transform(describe(quantized, description), QUANTIZATION,
                             {"kind": "post_train", "kernels": "simulated",
@@ -173,7 +174,8 @@ def _from_tracked(float_model: nn.Module, settings: Any, tracked: dict[str, Any]
     calibration; None (logged) when they lack a range it needs."""
     attempt = describe(copy.deepcopy(float_model), description_of(float_model))
     try:
-        simulated = _post_train(attempt, settings, tracked, dynamic=False)
+        # concatenations requantize their inputs, as quantization-aware training computed
+        simulated = _post_train(attempt, settings, tracked, dynamic=False, share_concat=False)
     except MissingStatisticsError as exc:
         LOG.info("the ranges quantization-aware training tracked are not all it needs (%s); "
                  "calibrating", str(exc).split(";")[0])

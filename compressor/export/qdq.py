@@ -140,11 +140,14 @@ class _QDQOp(nn.Module):
         self.inputs = nn.ModuleList(
             _grid(wrapper, f"input{i}", spec) or nn.Identity() for i, spec in enumerate(specs))
         self.output = _grid(wrapper, "output", wrapper.output)
+        self.activation = copy.deepcopy(getattr(wrapper, "activation", None))  # a fused ReLU
 
     def forward(self, *xs: Tensor) -> Tensor:
-        """op(QDQ(x0), QDQ(x1), ...), then QDQ."""
+        """act(op(QDQ(x0), QDQ(x1), ...)), then QDQ."""
         ready = [self.inputs[i](x) if i < len(self.inputs) else x for i, x in enumerate(xs)]
         y = self.op(*ready)
+        if self.activation is not None:
+            y = self.activation(y)
         return self.output(y) if self.output is not None else y
 
 

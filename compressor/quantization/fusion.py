@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
 
+from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.quantization.errors import QuantizationError, shown
 from compressor.quantization.settings import ELTWISE_LAYERS, PARAM_LAYERS
 
@@ -90,7 +91,8 @@ def _only_user(node: torch.fx.Node, calls: Mapping[str, list[torch.fx.Node]],
 
 
 def find_fusions(model: nn.Module, graph: torch.fx.Graph | None = None) -> list[Fusion]:
-    """Each conv/linear -> BN -> ReLU chain (links with one user each), in graph order."""
+    """Each conv/linear -> BN -> ReLU chain and element-wise add -> ReLU pair (links with one
+    user each), in graph order."""
     graph = graph if graph is not None else trace_model(model)
     if graph is None:
         return []
@@ -99,6 +101,12 @@ def find_fusions(model: nn.Module, graph: torch.fx.Graph | None = None) -> list[
     fusions = []
     for name, nodes in calls.items():
         layer = modules.get(name)
+        if isinstance(layer, EltwiseAdd) and len(nodes) == 1:
+            # a residual add -> ReLU quantizes once, after the ReLU (int8's add_relu)
+            activation = _only_user(nodes[0], calls, modules, (nn.ReLU,))
+            if activation is not None:
+                fusions.append(Fusion(name, None, activation))
+            continue
         if not isinstance(layer, PARAM_LAYERS) or len(nodes) != 1:
             continue
         end = nodes[0]
@@ -129,7 +137,9 @@ def apply_fusions(model: nn.Module, fusions: Iterable[Fusion]) -> None:
         layer = modules.get(fusion.layer)
         names = [n for n in (fusion.layer, fusion.batchnorm, fusion.activation) if n]
         missing = [n for n in names if n not in modules]
-        if missing or not isinstance(layer, PARAM_LAYERS):
+        fusable = isinstance(layer, PARAM_LAYERS) or (
+            isinstance(layer, EltwiseAdd) and fusion.batchnorm is None)
+        if missing or not fusable:
             raise QuantizationError(f"the quantization recipe fuses {', '.join(names)} but the "
                                     f"model lacks {', '.join(missing) or fusion.layer + ' layer'}"
                                     "; build the model with the architecture it was saved with")

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.quantization.errors import QuantizationError, unknown_choice
 from compressor.quantization.graph import ensure_float, float_functional_inputs
+from compressor.quantization.int8_graph import lower_int8_graph
 from compressor.quantization.range_linear import (
     MAX_ACCUM_BITS,
     LinearQuantMode,
@@ -168,17 +169,23 @@ class _Int8Module(nn.Module):
             # the activation in float, requantized to its own output parameters
             assert self.output is not None
             return _quantize_to(self.op(ready[0].dequantize()), self.output)
-        if self.kind == "add":
+        if self.kind in ("add", "add_relu"):
             result = ready[0]
-            for other in ready[1:]:
+            for other in ready[1:-1]:
                 result = self.op.add(result, other)
-            return result
+            last = self.op.add_relu if self.kind == "add_relu" else self.op.add
+            return last(result, ready[-1]) if len(ready) > 1 else result
         if self.kind == "mul":
             result = ready[0]
             for other in ready[1:]:
                 result = self.op.mul(result, other)
             return result
         if self.kind == "cat":
+            if all(grid == self.output for grid in self.inputs):
+                # every input on the output's grid: a plain copy of the integers (torch.cat
+                # of quantized tensors sharing their parameters), exact and several times
+                # faster than quantized::cat, which requantizes each input
+                return torch.cat(ready, dim=self.cat_dim)
             return self.op.cat(ready, dim=self.cat_dim)
         return self.op(*ready)
 
@@ -288,7 +295,7 @@ def _replacement(wrapper: QuantWrapper) -> _Int8Module:
     assert wrapper.output is not None
     output = activation_grid(*wrapper.qparams("output"), wrapper.output)
     if isinstance(wrapper, ParamLayerWrapper):
-        module = _Int8Module(_convert_param(wrapper), _inputs(wrapper))
+        module = _Int8Module(_convert_param(wrapper), _inputs(wrapper), output)
         module.pre_pad = input_padding(wrapper.wrapped)
         return module
     if isinstance(wrapper, EltwiseWrapper):
@@ -297,6 +304,12 @@ def _replacement(wrapper: QuantWrapper) -> _Int8Module:
         op = wrapper.wrapped
         kind = ("add" if isinstance(op, EltwiseAdd) else "mul" if isinstance(op, EltwiseMult)
                 else "cat")
+        if wrapper.activation is not None:
+            if kind != "add" or type(wrapper.activation) is not nn.ReLU:
+                raise QuantizationError(f"int8 has no kernel for {kind} fused with "
+                                        f"{type(wrapper.activation).__name__}; quantize the "
+                                        "model again with this version")
+            kind = "add_relu"  # the ReLU on the sum's grid, as the simulation quantizes once
         module = _Int8Module(functional, _inputs(wrapper), output, kind)
         if isinstance(op, Concat):
             module.cat_dim = op.dim
@@ -337,6 +350,7 @@ def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
             _set_module(converted, name, _Dequantized(module))
     if isinstance(converted, torch.fx.GraphModule):
         float_functional_inputs(converted)  # functional ops compute in float, as simulated
+        lower_int8_graph(converted, _Int8Module, _Dequantized)
     return Int8Model(converted, backend).eval()
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
+from compressor.models.layers.eltwise import Concat
 from compressor.quantization.clipping import stats_range
 from compressor.quantization.errors import MissingStatisticsError, QuantizationError, shown
 from compressor.quantization.fusion import (
@@ -71,7 +72,9 @@ class _Planner:
     """Works out each wrapper's specs and parameters from settings, stats and the data flow."""
 
     def __init__(self, layers: Mapping[str, LayerSettings], stats: ActivationStats | None,
-                 fusions: Sequence[Fusion], sources: Sources | None, auto_fallback: bool) -> None:
+                 fusions: Sequence[Fusion], sources: Sources | None, auto_fallback: bool,
+                 concats: Sequence[str] = ()) -> None:
+        """`concats`: the concatenations whose inputs and output share one grid."""
         self.layers, self.stats, self.sources = layers, stats, sources
         self.auto_fallback = auto_fallback
         self.fused = {f.layer: f for f in fusions}
@@ -79,6 +82,39 @@ class _Planner:
                                            and self.fused[name].activation is not None)
                         for name, s in layers.items()}
         self._output_qparams: dict[str, tuple[Tensor, Tensor]] = {}
+        self.groups = self._shared_groups(concats) if stats is not None else {}
+
+    def _shared_groups(self, concats: Sequence[str]) -> dict[str, tuple[str, ...]]:
+        """Each layer's group of layers whose outputs share one grid: a concatenation with the
+        quantized layers producing its inputs, joined transitively (a DenseNet block is one
+        group), as torch.ao shares one observer across cat's inputs and output. Then every
+        input of a concatenation is already on its output's grid: one rounding in the
+        simulation, no requantization in int8 (a plain copy). A concatenation sharing nothing
+        (an input in float or overridden, other widths or modes) keeps its own grid."""
+        parent: dict[str, str] = {}
+
+        def root(name: str) -> str:
+            while parent.setdefault(name, name) != name:
+                name = parent[name]
+            return name
+
+        for cat in concats:
+            layer, spec = self.layers.get(cat), self.outputs.get(cat)
+            sources = (self.sources or {}).get(cat)
+            if layer is None or spec is None or not sources or layer.input_overrides:
+                continue
+            specs = [self.outputs.get(s) if s is not None else None for s in sources]
+            if not layer.quantize_inputs or any(
+                    other is None or (other.bits, other.mode) != (spec.bits, spec.mode)
+                    for other in specs):
+                continue
+            for source in sources:
+                parent[root(str(source))] = root(cat)
+        groups: dict[str, list[str]] = {}
+        for name in parent:
+            groups.setdefault(root(name), []).append(name)
+        return {name: tuple(members) for members in groups.values() if len(members) > 1
+                for name in members}
 
     def record(self, layer: str, key: str, part: str, index: int | None = None) -> Mapping:
         """A stats record, or the error naming what is missing."""
@@ -100,14 +136,24 @@ class _Planner:
                                 spec.half_range)
         return quant_params(low, high, spec.bits, spec.mode)
 
+    def _output_range(self, name: str) -> tuple[float, float]:
+        """The (min, max) a layer's output is quantized to, from its fused chain's last stats."""
+        fusion = self.fused.get(name)
+        key = name if fusion is None else (fusion.activation or fusion.batchnorm or name)
+        spec = self.outputs[name]
+        assert spec is not None
+        return stats_range(self.record(name, key, "output"), spec.clip, spec.mode, spec.bits,
+                           spec.clip_n_stds, spec.half_range)
+
     def output_qparams(self, name: str) -> tuple[Tensor, Tensor]:
-        """The output parameters of a quantized layer (from its fused chain's last stats)."""
+        """The output parameters of a quantized layer: its own range's, or the union of its
+        shared group's ranges."""
         if name not in self._output_qparams:
-            fusion = self.fused.get(name)
-            key = name if fusion is None else (fusion.activation or fusion.batchnorm or name)
             spec = self.outputs[name]
             assert spec is not None
-            self._output_qparams[name] = self._qparams(spec, self.record(name, key, "output"))
+            ranges = [self._output_range(member) for member in self.groups.get(name, (name,))]
+            low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+            self._output_qparams[name] = quant_params(low, high, spec.bits, spec.mode)
         return self._output_qparams[name]
 
     def num_inputs(self, name: str, module: nn.Module) -> int:
@@ -170,7 +216,8 @@ def _weight_spec(layer: LayerSettings) -> WeightQuant | None:
 
 
 def _apply(model: nn.Module, settings: QuantSettings, stats: ActivationStats | None,
-           dynamic: bool, fusions: Sequence[Fusion], sources: Sources | None) -> nn.Module:
+           dynamic: bool, fusions: Sequence[Fusion], sources: Sources | None,
+           share_concat: bool = False) -> nn.Module:
     """Fold, fuse and wrap `model` in place, by a plan that is plain data."""
     if stats is None and not dynamic:
         raise QuantizationError("post-training quantization needs activation statistics; "
@@ -178,9 +225,10 @@ def _apply(model: nn.Module, settings: QuantSettings, stats: ActivationStats | N
     model.eval()
     layers = resolve_layers(model, settings)  # before fusion: overrides see the original modules
     fused_away = {n for f in fusions for n in (f.batchnorm, f.activation) if n}
-    planner = _Planner(layers, None if dynamic else stats, fusions, sources,
-                       settings.inputs_quant_auto_fallback)
     modules = quantizable_modules(model)
+    concats = [n for n, m in modules.items() if isinstance(m, Concat)] if share_concat else []
+    planner = _Planner(layers, None if dynamic else stats, fusions, sources,
+                       settings.inputs_quant_auto_fallback, concats)
     apply_fusions(model, fusions)
     fused = {f.layer: f for f in fusions}
     for name, original in modules.items():
@@ -200,16 +248,16 @@ def _apply(model: nn.Module, settings: QuantSettings, stats: ActivationStats | N
             if output is not None:
                 qparams["output"] = planner.output_qparams(name)
         specs = [spec for spec, _ in plans]
+        fusion = fused.get(name)
+        activation = None
+        if fusion is not None and fusion.activation is not None:
+            activation = _fused_activation(modules[fusion.activation])
         if isinstance(module, PARAM_LAYERS):
-            fusion = fused.get(name)
-            activation = None
-            if fusion is not None and fusion.activation is not None:
-                activation = _fused_activation(modules[fusion.activation])
             wrapper: QuantWrapper = ParamLayerWrapper(module, specs, output, qparams, weight,
                                                       layer.bits_bias, activation,
                                                       layer.bits_accum)
         elif isinstance(module, ELTWISE_LAYERS):
-            wrapper = EltwiseWrapper(module, specs, output, qparams)
+            wrapper = EltwiseWrapper(module, specs, output, qparams, activation)
         else:
             wrapper = ActivationWrapper(module, specs, output, qparams)
         _set_module(model, name, wrapper)
@@ -227,14 +275,18 @@ class PostTrainLinearQuantizer:
     """Distiller's post-training quantizer: fold, fuse and wrap a model for simulation."""
 
     def __init__(self, settings: QuantSettings, stats: ActivationStats | None,
-                 dynamic: bool = False) -> None:
-        """`stats` as from load_stats / collect_stats (unfused module names); None if dynamic."""
+                 dynamic: bool = False, share_concat: bool = True) -> None:
+        """`stats` as from load_stats / collect_stats (unfused module names); None if dynamic.
+        `share_concat`: a concatenation's inputs and output share one grid (false: the output
+        has its own and the inputs are requantized onto it, as quantization-aware training
+        tracks them)."""
         if stats is None and not dynamic:
             raise QuantizationError("post-training quantization needs activation statistics; "
                                     f"{_STATS_FIX}, or use dynamic ranges (--qe-dynamic)")
         self.settings = settings
         self.stats = None if stats is None else parse_stats(stats)
         self.dynamic = dynamic
+        self.share_concat = share_concat
         self.fusions: list[Fusion] = []
         self.sources: dict[str, list[str | None]] | None = None
         self.graph: int | None = None  # GRAPH_VERSION when the model was explicit_graph's
@@ -257,7 +309,8 @@ class PostTrainLinearQuantizer:
         self.fusions = [f for f in self.fusions if f.batchnorm or f.activation]
         if graph is not None:
             self.sources = input_sources(model, graph, quantizable_modules(model), self.fusions)
-        return _apply(model, self.settings, self.stats, self.dynamic, self.fusions, self.sources)
+        return _apply(model, self.settings, self.stats, self.dynamic, self.fusions, self.sources,
+                      self.share_concat)
 
     def recipe(self) -> dict[str, Any]:
         """Everything `quantize_from_recipe` needs, as plain data."""
@@ -270,6 +323,7 @@ class PostTrainLinearQuantizer:
             "sources": None if self.sources is None else {k: list(v)
                                                           for k, v in self.sources.items()},
             "graph": self.graph,
+            "share_concat": self.share_concat,
         }
 
 
@@ -307,8 +361,10 @@ def quantize_from_recipe(model: nn.Module, recipe: Mapping[str, Any]) -> nn.Modu
                                 "this compressor does not know; upgrade compressor")
     if graph is not None:
         model = explicit_graph(model)
+    # a recipe saved before grids were shared gave each concatenation its own
     return _apply(model, settings, stats, bool(recipe.get("dynamic", False)),
-                  fusions_from_recipe(recipe.get("fusions", [])), sources)
+                  fusions_from_recipe(recipe.get("fusions", [])), sources,
+                  bool(recipe.get("share_concat", False)))
 
 
 def is_quantized(model: nn.Module) -> bool:
@@ -339,7 +395,7 @@ def quantization_summary(model: nn.Module) -> list[dict[str, Any]]:
 
 
 def _fused_name(wrapper: QuantWrapper) -> str | None:
-    """The class name of the activation fused into a param layer, if any."""
+    """The class name of the activation fused into a param layer or an add, if any."""
     activation = getattr(wrapper, "activation", None)
     return None if activation is None else type(activation).__name__
 

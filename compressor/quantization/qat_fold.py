@@ -77,7 +77,8 @@ def fold_factor(norm: nn.modules.batchnorm._BatchNorm) -> Tensor:
 
 
 class FusedQATWrapper(QATWrapper):
-    """A QAT wrapper of a conv / linear layer with its batch norm folded and its ReLU fused.
+    """A QAT wrapper of a conv / linear layer with its batch norm folded and its ReLU fused (or
+    of an element-wise add with its ReLU fused).
 
     The folded batch norm is held by reference (it stays registered at its own name); the
     activation is a child of the wrapper. Outputs are fake-quantized after both.
@@ -141,6 +142,8 @@ class FusedQATWrapper(QATWrapper):
     def effective_params(self) -> dict[str, Tensor]:
         """The plain layer's weight and bias: the folded quantized weight with the fold divided
         back out (folding it again, as int8 conversion does, gives the quantized weight)."""
+        if not isinstance(getattr(self.wrapped, "weight", None), Tensor):
+            return super().effective_params()  # an element-wise add with its ReLU fused
         weight, factor = self._folded_weight()
         if factor is not None:
             weight = weight / self._over_weight(factor, weight)
@@ -150,6 +153,9 @@ class FusedQATWrapper(QATWrapper):
     def forward(self, *inputs: Any) -> Any:
         """Layer with the folded quantized weight, batch norm, activation, output quant."""
         inputs = self.quantize_inputs(inputs)
+        if not isinstance(getattr(self.wrapped, "weight", None), Tensor):
+            out = self.wrapped(*inputs)  # an element-wise add, then its fused ReLU
+            return self.quantize_output(self.activation(out) if self.activation else out)
         weight, factor = self._folded_weight()
         bias = self.parameter("bias")
         params = {"weight": weight}

@@ -200,14 +200,25 @@ def input_padding(layer: nn.Module) -> tuple[int, ...] | None:
 
 
 class EltwiseWrapper(QuantWrapper):
-    """An element-wise add / mult / concat of quantized inputs, with a quantized output."""
+    """An element-wise add / mult / concat of quantized inputs, with a quantized output (an add
+    followed by a ReLU has the ReLU fused: one quantization, after it, as int8's add_relu)."""
 
     kind = "eltwise"
 
+    def __init__(self, wrapped: nn.Module, inputs: Sequence[TensorQuant | None],
+                 output: TensorQuant | None, qparams: Mapping[str, QParams] | None,
+                 activation: nn.Module | None = None) -> None:
+        """`activation` runs before the output is quantized."""
+        super().__init__(wrapped, inputs, output, qparams)
+        self.activation = activation
+
     def forward(self, *inputs: Tensor) -> Tensor:
-        """op(q(x0), q(x1), ...), fake-quantized."""
+        """act(op(q(x0), q(x1), ...)), fake-quantized."""
         quantized = [self.quantize_input(i, x)[0] for i, x in enumerate(inputs)]
-        return self.quantize_output(self.wrapped(*quantized))
+        out = self.wrapped(*quantized)
+        if self.activation is not None:
+            out = self.activation(out)
+        return self.quantize_output(out)
 
 
 class ActivationWrapper(QuantWrapper):

@@ -1,0 +1,218 @@
+"""The converted int8 graph made lean: every tensor's grid is known where the graph is built.
+
+`convert_to_int8` gives each quantized layer a module that checks, on every call, whether each
+input already lies on the grid it needs and requantizes it if not. Which grid a tensor lies on
+depends on the graph alone (the layer that produced it, through ops that move values without
+arithmetic), so the check is made once here: inputs known to be on their grid go straight to
+the int8 kernel, the others get an explicit requantize (or dequantize) node, and each layer's
+call becomes its kernel's (as torch.ao's FX conversion emits). A standalone batch norm on a
+quantized tensor followed by a quantized ReLU becomes torch's fused quantized BNReLU2d on the
+ReLU's grid. The arithmetic is the module's own: only the per-call Python is gone.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import torch
+import torch.ao.nn.intrinsic.quantized as nniq
+import torch.fx
+from torch import Tensor, nn
+
+__all__ = ["lower_int8_graph", "requantize"]
+
+_UNKNOWN = object()  # a value whose grid the graph does not tell
+# functions and methods that keep a quantized tensor on its grid (the first argument's)
+_GRID_KEEPING_FUNCTIONS = (operator.getitem, torch.flatten, torch.reshape, torch.transpose,
+                           torch.permute, torch.squeeze, torch.unsqueeze, torch.chunk,
+                           torch.split, torch.nn.functional.max_pool1d,
+                           torch.nn.functional.max_pool2d, torch.nn.functional.max_pool3d)
+_GRID_KEEPING_METHODS = ("view", "reshape", "flatten", "contiguous", "permute", "transpose",
+                         "chunk", "split", "squeeze", "unsqueeze")
+_GRID_KEEPING_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.Flatten, nn.Dropout,
+                         nn.Identity)
+
+
+def requantize(x: Tensor, scale: float, zero_point: int, low: float | None,
+               high: float | None) -> Tensor:
+    """x as quint8 on (scale, zero_point), clamped to [low, high] where the grid is narrower;
+    a tensor already on that grid as it is."""
+    if x.is_quantized:
+        if x.q_scale() == scale and x.q_zero_point() == zero_point:
+            return x
+        x = x.dequantize()
+    quantized = torch.quantize_per_tensor(x, scale, zero_point, torch.quint8)
+    return quantized if low is None else torch.clamp(quantized, low, high)
+
+
+def _dequantized(x: Any) -> Any:
+    """A quantized tensor dequantized; anything else as it is."""
+    return x.dequantize() if isinstance(x, Tensor) and x.is_quantized else x
+
+
+def _grid_of(node: Any, grids: dict[torch.fx.Node, Any], modules: dict[str, nn.Module],
+             int8_module: type) -> Any:
+    """The grid the value of `node` lies on: a Grid, None (float) or _UNKNOWN."""
+    if not isinstance(node, torch.fx.Node):
+        return _UNKNOWN
+    if node.op == "placeholder":
+        return None
+    first = grids.get(node.args[0], _UNKNOWN) if node.args else _UNKNOWN
+    if node.op == "call_module":
+        module = modules.get(str(node.target))
+        if isinstance(module, int8_module):
+            return module.output
+        if isinstance(module, _GRID_KEEPING_MODULES):
+            return first
+        if type(module) is nn.ReLU:  # on quint8 it clamps at the zero point: the same grid
+            return first
+        return _UNKNOWN
+    if node.op == "call_function":
+        if node.target is _dequantized or node.target.__name__ == "ensure_float":
+            return None
+        if node.target is requantize:
+            return _UNKNOWN  # set where the node is made
+        return first if node.target in _GRID_KEEPING_FUNCTIONS else _UNKNOWN
+    if node.op == "call_method" and node.target in _GRID_KEEPING_METHODS:
+        return first
+    return _UNKNOWN
+
+
+def _onto(graph: torch.fx.Graph, value: Any, grid: Any, known: Any) -> Any:
+    """`value` brought onto `grid` (None: float), by a node added only where needed."""
+    if known is not _UNKNOWN and known == grid:
+        return value
+    if grid is None:
+        return graph.call_function(_dequantized, (value,))
+    bounds = grid.bounds() or (None, None)
+    return graph.call_function(requantize, (value, grid.scale, grid.zero_point, *bounds))
+
+
+def _kernel_call(graph: torch.fx.Graph, node: torch.fx.Node, module: Any,
+                 inputs: list[Any]) -> torch.fx.Node:
+    """The int8 kernel of one converted module, called on inputs already on their grids."""
+    kind = module.kind
+    if kind == "param":
+        return graph.call_module(f"{node.target}.op", tuple(inputs))
+    scale, zero_point = module.output.scale, module.output.zero_point
+    if kind == "cat":
+        if all(grid == module.output for grid in module.inputs):
+            return graph.call_function(torch.cat, (inputs,), {"dim": module.cat_dim})
+        return graph.call_function(torch.ops.quantized.cat, (inputs,),
+                                   {"scale": scale, "zero_point": zero_point,
+                                    "dim": module.cat_dim})
+    ops = {"add": torch.ops.quantized.add, "mul": torch.ops.quantized.mul}
+    result = inputs[0]
+    for position, other in enumerate(inputs[1:], start=2):
+        op = ops.get(kind, torch.ops.quantized.add)
+        if kind == "add_relu" and position == len(inputs):
+            op = torch.ops.quantized.add_relu
+        result = graph.call_function(op, (result, other),
+                                     {"scale": scale, "zero_point": zero_point})
+    return result
+
+
+def _bn_relu(norm: nn.Module, relu: Any) -> nn.Module | None:
+    """torch's quantized BNReLU2d computing relu(norm(x)) onto the ReLU's grid, or None where
+    the batch norm is not one it takes."""
+    if (type(norm) is not nn.BatchNorm2d or not norm.affine or not norm.track_running_stats
+            or type(relu.op) is not nn.ReLU):
+        return None
+    fused = nniq.BNReLU2d(norm.num_features, norm.eps, norm.momentum)
+    with torch.no_grad():
+        fused.weight.copy_(norm.weight.detach().float())
+        fused.bias.copy_(norm.bias.detach().float())
+        fused.running_mean.copy_(norm.running_mean.float())
+        fused.running_var.copy_(norm.running_var.float())
+    fused.scale = torch.tensor(relu.output.scale, dtype=torch.float64)
+    fused.zero_point = torch.tensor(relu.output.zero_point)
+    return fused
+
+
+def lower_int8_graph(module: torch.fx.GraphModule, int8_module: type,
+                     dequantized_module: type) -> torch.fx.GraphModule:
+    """Replace each converted module's call by its kernel's, with requantize nodes only where
+    an input is not known to lie on its grid (`int8_module` / `dequantized_module`: int8.py's
+    classes). In place; returns `module`."""
+    graph = module.graph
+    modules = dict(module.named_modules())
+    grids: dict[torch.fx.Node, Any] = {}
+    erased: set[torch.fx.Node] = set()
+    for node in list(graph.nodes):
+        if node in erased:
+            continue
+        target = modules.get(str(node.target)) if node.op == "call_module" else None
+        if isinstance(target, dequantized_module):
+            relu = _lower_bn_relu(module, node, target, grids, modules)
+            if relu is not None:
+                erased.update((node, relu))
+                continue
+        if (not isinstance(target, int8_module) or target.pre_pad is not None
+                or target.kind == "activation"):
+            grids[node] = _grid_of(node, grids, modules, int8_module)
+            continue
+        required = list(target.inputs)
+        with graph.inserting_before(node):
+            inputs = [_onto(graph, arg, required[min(i, len(required) - 1)],
+                            grids.get(arg, _UNKNOWN)) if isinstance(arg, torch.fx.Node) else arg
+                      for i, arg in enumerate(node.args)]
+            call = _kernel_call(graph, node, target, inputs)
+            if target.clamp is not None:
+                call = graph.call_function(torch.clamp, (call, *target.clamp))
+        node.replace_all_uses_with(call)
+        graph.erase_node(node)
+        grids[call] = target.output
+    _flatten_calls(module)
+    graph.lint()
+    module.recompile()
+    return module
+
+
+def _flatten_calls(module: torch.fx.GraphModule) -> None:
+    """Drop the calls of identities (folded batch norms, fused ReLUs) and call every other
+    module by a name on the root (a nested name costs an attribute lookup per level per call)."""
+    graph = module.graph
+    for node in list(graph.nodes):
+        if node.op != "call_module":
+            continue
+        called = module.get_submodule(str(node.target))
+        if type(called) is nn.Identity and len(node.args) == 1 and not node.kwargs:
+            node.replace_all_uses_with(node.args[0])
+            graph.erase_node(node)
+        elif "." in str(node.target):
+            flat = "_" + str(node.target).replace(".", "_")
+            if not hasattr(module, flat):
+                module.add_module(flat, called)
+            node.target = flat
+
+
+def _lower_bn_relu(module: torch.fx.GraphModule, node: torch.fx.Node, wrapper: Any,
+                   grids: dict[torch.fx.Node, Any], modules: dict[str, nn.Module]
+                   ) -> torch.fx.Node | None:
+    """A float batch norm fed a quantized tensor whose only user is a quantized ReLU: both
+    become one quantized BNReLU2d on the ReLU's grid; the ReLU's (erased) node, or None."""
+    users = list(node.users)
+    if len(node.args) != 1 or len(users) != 1 or users[0].op != "call_module":
+        return None
+    relu = modules.get(str(users[0].target))
+    if getattr(relu, "kind", None) != "activation" or relu.pre_pad is not None:
+        return None
+    source = grids.get(node.args[0], _UNKNOWN)
+    if source is _UNKNOWN or source is None:
+        return None
+    fused = _bn_relu(wrapper.module, relu)
+    if fused is None:
+        return None
+    name = f"{node.target}_relu".replace(".", "_")
+    module.add_module(name, fused)
+    graph = module.graph
+    with graph.inserting_before(users[0]):
+        call = graph.call_module(name, (node.args[0],))
+        if relu.clamp is not None:
+            call = graph.call_function(torch.clamp, (call, *relu.clamp))
+    users[0].replace_all_uses_with(call)
+    graph.erase_node(users[0])
+    graph.erase_node(node)
+    grids[call] = relu.output
+    return users[0]
