@@ -21,7 +21,8 @@ from compressor.quantization.post_train import calibration_batches
 from compressor.utils.input_spec import InputSpec
 
 __all__ = ["calibration_images", "test_loader", "fx_x86_ptq", "nncf_openvino_ptq",
-           "OpenVinoModel", "predictions", "top1_of", "agreement"]
+           "OpenVinoModel", "OnnxRuntimeModel", "exported_runtimes", "predictions", "top1_of",
+           "agreement"]
 
 
 def calibration_images(spec: InputSpec, data: str, fraction: float, batch_size: int,
@@ -75,21 +76,69 @@ def nncf_openvino_ptq(float_model: nn.Module, images: Iterable[Tensor]
     with torch.no_grad():
         ov_model = ov.convert_model(float_model, example_input=samples[0])
     quantized = nncf.quantize(ov_model, dataset, subset_size=len(samples))
-    compiled = ov.Core().compile_model(quantized, "CPU")
+    model = OpenVinoModel(quantized)
+    model(samples[0])  # compiled, as the timing of the others' conversion includes theirs
     seconds = time.perf_counter() - started
-    return describe(OpenVinoModel(compiled), description_of(float_model)), seconds
+    return describe(model, description_of(float_model)), seconds
 
 
 class OpenVinoModel(nn.Module):
-    """A compiled OpenVINO model called like a torch classifier (float batch in, logits out)."""
+    """An OpenVINO model called like a torch classifier (float batch in, logits out), compiled
+    for the CPU with as many threads as torch is set to use (the timing's setting) and float
+    ops in f32."""
 
-    def __init__(self, compiled: Any) -> None:
+    def __init__(self, model: Any) -> None:
         super().__init__()
-        self.compiled = compiled
+        self.model, self.compiled = model, {}
 
     def forward(self, batch: Tensor) -> Tensor:
         """The logits OpenVINO computes for `batch`."""
-        return torch.from_numpy(self.compiled(batch.numpy())[0])
+        import openvino as ov
+
+        threads = torch.get_num_threads()
+        if threads not in self.compiled:
+            # float ops in f32, as torch computes them (on CPUs with bf16 OpenVINO's default
+            # is bf16, and its int8 kernels then failed to compile for a dynamic batch)
+            self.compiled[threads] = ov.Core().compile_model(
+                self.model, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                    "INFERENCE_PRECISION_HINT": "f32"})
+        return torch.from_numpy(self.compiled[threads](batch.numpy())[0])
+
+
+class OnnxRuntimeModel(nn.Module):
+    """An ONNX file run by ONNX Runtime on the CPU, called like a torch classifier, with as
+    many intra-op threads as torch is set to use."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path, self.sessions = path, {}
+
+    def forward(self, batch: Tensor) -> Tensor:
+        """The logits ONNX Runtime computes for `batch`."""
+        import onnxruntime as ort
+
+        threads = torch.get_num_threads()
+        if threads not in self.sessions:
+            options = ort.SessionOptions()
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+            self.sessions[threads] = ort.InferenceSession(
+                self.path, options, providers=["CPUExecutionProvider"])
+        session = self.sessions[threads]
+        name = session.get_inputs()[0].name
+        return torch.from_numpy(session.run(None, {name: batch.numpy()})[0])
+
+
+def exported_runtimes(onnx_path: str) -> tuple[dict[str, nn.Module], list[str]]:
+    """Our exported (QDQ) ONNX file in ONNX Runtime and, when installed, in OpenVINO; and a
+    line saying what is missing."""
+    runtimes: dict[str, nn.Module] = {"ort": OnnxRuntimeModel(onnx_path)}
+    try:
+        import openvino as ov
+    except ImportError as exc:
+        return runtimes, [f"our QDQ export in OpenVINO: not installed ({exc.name}): "
+                          "pip install openvino"]
+    runtimes["openvino"] = OpenVinoModel(ov.Core().read_model(onnx_path))
+    return runtimes, []
 
 
 def predictions(model: Any, loader: DataLoader) -> Tensor:

@@ -46,6 +46,7 @@ from benchmarks.common_measure import (  # noqa: E402
 from benchmarks.quant_anchors import (  # noqa: E402
     agreement,
     calibration_images,
+    exported_runtimes,
     fx_x86_ptq,
     nncf_openvino_ptq,
     predictions,
@@ -54,7 +55,7 @@ from benchmarks.quant_anchors import (  # noqa: E402
 )
 from compressor.assembly.setup import load_model  # noqa: E402
 from compressor.models import create_model  # noqa: E402
-from compressor.models.description import description_of, stored_form  # noqa: E402
+from compressor.models.description import describe, description_of, stored_form  # noqa: E402
 
 ARCHS = ("simplenet_mnist", "resnet20_cifar", "mobilenet_v2_050_cifar", "densenet_bc_40_cifar")
 SEED = 0  # every run's and every anchor's splits, subsets and calibration images
@@ -89,9 +90,10 @@ FINE_TUNED = "fp32-ft"  # fine-tuned rows compare with fp32 fine-tuned alike (sa
 # weights, min/max ranges
 PTQ_8_TORCH_RECIPE = ("--qe", "--qe-mode-acts", "asym_u", "--qe-mode-wts", "sym",
                       "--qe-per-channel", "--qe-convert-pytorch")
+EXPORTED_CONFIG = "ptq8ao"  # the configuration also exported as QDQ ONNX and run elsewhere
 CONFIGS = (
     Config("fp32", "fp32"),
-    Config("ptq8ao", "PTQ 8/8 asym_u acts, sym per-channel wts (torch.ao's recipe)", "fp32",
+    Config(EXPORTED_CONFIG, "PTQ 8/8 asym_u acts, sym per-channel wts (torch.ao's recipe)", "fp32",
            qe_flags=PTQ_8_TORCH_RECIPE),
     Config("ptq8", "PTQ 8/8 sym, per-tensor", "fp32", qe_flags=PTQ_8_PER_TENSOR),
     Config("ptq8pc", "PTQ 8/8 asym_u, per-channel, AVG clip", "fp32",
@@ -261,7 +263,29 @@ class Anchor:
     label: str
     model: torch.nn.Module
     top1: float
-    calibration_s: float
+    calibration_s: float | None  # None: not a quantizer of its own (our export, run elsewhere)
+
+
+def exported_rows(runs: dict[str, Path], out: Path, float_model: torch.nn.Module,
+                  loader: DataLoader) -> tuple[dict[str, Anchor], list[str]]:
+    """Our PTQ model with torch.ao's recipe exported as a QDQ graph (`--export-onnx`) and run
+    by ONNX Runtime and OpenVINO, tested on `loader`; and lines saying what is missing."""
+    run_dir = runs.get(EXPORTED_CONFIG)
+    if run_dir is None:
+        return {}, []
+    onnx_path = out / f"{run_dir.name}-qdq.onnx"
+    if not onnx_path.exists():
+        run_cli_logged("--resume-from", str(final_checkpoint(run_dir)), "--export-onnx",
+                       str(onnx_path), "-o", str(out), "-n", f"{run_dir.name}-export",
+                       log=out / "runs.log")
+    runtimes, missing = exported_runtimes(str(onnx_path))
+    labels = {"ort": "PTQ QDQ export (torch.ao's recipe) in ONNX Runtime",
+              "openvino": "PTQ QDQ export (torch.ao's recipe) in OpenVINO"}
+    description = description_of(float_model)  # the input spec the timing feeds them
+    rows = {f"qdq-{name}": Anchor(labels[name], describe(model, description),
+                                  top1_of(predictions(model, loader), loader), None)
+            for name, model in runtimes.items()}
+    return rows, missing
 
 
 def measure_anchors(args: argparse.Namespace, float_model: torch.nn.Module, loader: DataLoader
@@ -348,7 +372,7 @@ def table(arch: str, runs: dict[str, Path], latency: dict[tuple[int, str], dict[
             f"{anchor.top1 - _top1(results['fp32']):+.2f}", "int8", "", "", "",
             *(ratio_cell(latency[key][name], latency[key]["fp32"], _ms)
               for key in LATENCY_SETTINGS),
-            f"{anchor.calibration_s:.1f}s"])
+            "" if anchor.calibration_s is None else f"{anchor.calibration_s:.1f}s"])
     all_threads = os.cpu_count() or 1
     headers = ["model", "top-1 %", "vs fp32", "kernels", "int8 = sim", "file", "zlib file",
                *(f"b={batch} {1 if which == 'one' else all_threads}T"
@@ -395,6 +419,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         float_model = load_model(runs["fp32"] / "checkpoint.pth.tar").eval()
         loader = test_loader(description_of(float_model).input_spec, args.data, args.etes, SEED)
         anchors, missing = measure_anchors(args, float_model, loader)
+        notes.update(missing)
+        exported, missing = exported_rows(runs, out, float_model, loader)
+        anchors.update(exported)
         notes.update(missing)
         agreements = int8_agreements(runs, loader)
         latency = measure_latencies(runs, args.rounds, args.min_ms,
