@@ -179,3 +179,29 @@ def test_the_schedule_prunes_the_chosen_counts_progressively_then_thins(tmp_path
         assert layer.out_channels == group.channels - removed, group.layer  # thinned
     assert yaml.safe_load(path.read_text())["extensions"]["budget_thinning"]["class"] == \
         "FilterRemover"
+
+
+def test_a_latency_budget_prices_channels_by_the_time_they_save() -> None:
+    """Latency is not MACs: with a (deterministic, stand-in) clock on which only resnet20's last
+    stage takes time, the search times each group's thinned probe and removes only channels
+    whose removal saves time, where MACs pricing would take the cheap early stages too."""
+    from compressor.reports.metrics import layer_costs
+
+    model, inputs = _model("resnet20_cifar", None)
+
+    def measure(candidate: nn.Module, quantities: tuple[str, ...],
+                dense: Mapping[str, float] | None = None) -> dict[str, float]:
+        measured = figures(candidate, tuple(q for q in quantities if q != "latency"), None)
+        if "latency" in quantities:
+            measured["latency"] = 1e-6 * sum(cost.macs for cost in layer_costs(candidate)
+                                             if cost.name.startswith("layer3"))
+        return measured
+
+    search = BudgetSearch(model, inputs[:2], Budget({"latency": 0.6}), _scorer(inputs), measure)
+    result = search.run()
+    assert result.met and result.ratios["latency"] <= 0.6 * 0.97, result.ratios
+    probes = [e for e in search.evaluations.values() if e["phase"] == "probe"]
+    assert probes and all("latency" in e["figures"] for e in probes)
+    for group, removed in zip(result.groups, result.removed, strict=True):
+        if not any(name.startswith("layer3") for name, _ in group.members):
+            assert removed == 0, group.layer  # saves no time on this clock

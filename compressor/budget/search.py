@@ -2,8 +2,9 @@
 
 1. Probe: each group alone loses half its channels (its leader's lowest filter norms, masked);
    the rise of the validation loss is the group's sensitivity. A channel's price is what its
-   removal saves of the budgeted cost (MACs, or parameters), to first order over every layer
-   that produces, reads or passes it (compressor.budget.prices).
+   removal saves of the budgeted cost: MACs or parameters to first order over every layer
+   that produces, reads or passes it (compressor.budget.prices); latency as measured, each
+   probe thinned and timed against the dense model.
 2. Rank every channel of every group by (sensitivity x the channel's norm relative to its
    layer's mean) / price: a global ranking normalised by each group's cost, never a uniform
    ratio. Channels of one group keep their leader's order; a group keeps at least
@@ -69,8 +70,15 @@ class Budget:
 
 
 def ranking_quantity(quantity: str) -> str:
-    """What prices a channel for `quantity`: latency by MACs, saved size by parameters."""
-    return {"latency": "macs", "size": "params"}.get(quantity, quantity)
+    """What prices a channel for `quantity`: saved size by parameters, the others by
+    themselves (latency by the time a group's probe, thinned, saves)."""
+    return {"size": "params"}.get(quantity, quantity)
+
+
+# A group whose thinned probe saved no measurable time is priced at this fraction of the dense
+# latency per channel removed (timings vary by a few percent: a zero or negative saving is
+# noise, and a zero price would rank its channels last whatever they cost)
+LATENCY_PRICE_FLOOR = 1e-4
 
 
 @dataclass(frozen=True)
@@ -201,10 +209,28 @@ class BudgetSearch:
             self.on_evaluation(self.state)
         return entry
 
+    def _latency_prices(self) -> list[float]:
+        """Per group, the seconds one of its channels saves: its probe (half its channels
+        removed) thinned and timed against the dense model, divided by the channels removed.
+        MACs are not latency: a layer's time depends on its kernel and shape, not its MACs."""
+        dense = self.dense_entry()["figures"]["latency"]
+        prices = []
+        for index, group in enumerate(self.groups):
+            removed = [0] * len(self.groups)
+            removed[index] = group.channels // 2
+            entry = self._evaluate(tuple(removed), "probe", ("latency",))
+            saved = (dense - entry["figures"]["latency"]) / max(removed[index], 1)
+            prices.append(max(saved, LATENCY_PRICE_FLOOR * dense))
+        return prices
+
     def _order(self) -> list[int]:
         """Group indices, one per channel, in the order the channels are removed."""
         dense = self.dense_entry()
-        prices = channel_prices(self.dense, self.groups)
+        prices: dict[str, list[float]] = dict(channel_prices(self.dense, self.groups))
+        if "latency" in self._price_quantities():
+            for index in range(len(self.groups)):
+                self._probe(index)  # scored first, masked: the timing then reuses its entry
+            prices["latency"] = self._latency_prices()
         dense_totals = {q: dense["figures"].get(q) or float(
             figures(self.dense, (q,), None)[q]) for q in self._price_quantities()}
         keyed: list[tuple[float, int, int]] = []

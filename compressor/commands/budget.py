@@ -216,7 +216,7 @@ def _search(search: BudgetSearch, run: BudgetRun, ctx: DistContext, model: nn.Mo
     state["search_met"] = result.met
     quantities = set(state["targets"])
     for entry in state["evaluations"].values():
-        if quantities <= set(entry["figures"]):  # probes are scored, never measured
+        if quantities <= set(entry["figures"]):  # probes are timed for latency alone
             entry["ratios"] = search.ratios(entry)
     saver(state, force=True)
     return state
