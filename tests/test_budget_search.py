@@ -205,3 +205,31 @@ def test_a_latency_budget_prices_channels_by_the_time_they_save() -> None:
     for group, removed in zip(result.groups, result.removed, strict=True):
         if not any(name.startswith("layer3") for name, _ in group.members):
             assert removed == 0, group.layer  # saves no time on this clock
+
+
+def test_kept_channels_are_rounded_to_multiples_of_8_where_the_budget_still_holds() -> None:
+    """On a (stand-in) clock where a convolution with a multiple of 8 output channels runs at
+    half the cost per channel, rounding the kept counts up meets the latency budget with
+    fewer channels removed; with MACs, where rounding up cannot hold, the choice stays."""
+    model, inputs = _model("resnet20_cifar", None)
+
+    def measure(candidate: nn.Module, quantities: tuple[str, ...],
+                dense: Mapping[str, float] | None = None) -> dict[str, float]:
+        measured = figures(candidate, tuple(q for q in quantities if q != "latency"), None)
+        if "latency" in quantities:
+            measured["latency"] = sum(
+                m.out_channels * (0.5 if m.out_channels % 8 == 0 else 1.0)
+                for m in candidate.modules() if isinstance(m, nn.Conv2d))
+        return measured
+
+    search = BudgetSearch(model, inputs[:2], Budget({"latency": 0.5}), _scorer(inputs), measure)
+    result = search.run()
+    rounded = [e for e in search.evaluations.values() if e["phase"] == "rounded"]
+    assert result.met and rounded and list(result.removed) == rounded[0]["removed"]
+    for group, removed in zip(result.groups, result.removed, strict=True):
+        assert (group.channels - removed) % 8 == 0, group.layer
+    bisected = [e for e in search.evaluations.values() if e["phase"] == "search"]
+    assert sum(result.removed) < min(sum(e["removed"]) for e in bisected if search._met(e))
+    macs = BudgetSearch(model, inputs[:2], Budget({"macs": 0.5}), _scorer(inputs), _measure)
+    chosen = macs.run()
+    assert chosen.met and chosen.ratios["macs"] <= 0.5
