@@ -50,8 +50,9 @@ took 6.3 minutes at nice 19 on a quiet 2-core machine (27.5 minutes under other 
 Its per-image times (dense training 5.4 ms, pruned 2.6-3.3 ms, 5.1 ms distilled; evaluation
 1-1.4 ms) and fixed costs (our search ~70 s, Torch-Pruning's pruning ~5 s) put the defaults (3
 seeds x (6 dense epochs + 3 budgets x 4 arms x 3 fine-tune epochs) on 15% of the training set,
-then 39 test-split evaluations) at about 1.8 hours on 2 idle CPU cores; a quarter of the
-training set (--etrs 0.25) would take about 2.5 hours.
+then 39 test-split evaluations) at about 1.8 hours on 2 idle CPU cores of that machine; on a
+2-core AMD EPYC (2026-12-02) the defaults took 32 minutes. A quarter of the training set
+(--etrs 0.25) takes about 1.7x as long.
 
 Data: `apt-get install -y dataset-fashion-mnist` puts the four IDX .gz files in
 /usr/share/datasets/fashion-mnist/. Finished runs are reused when the script is run again with
