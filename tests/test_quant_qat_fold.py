@@ -160,3 +160,13 @@ def test_a_residual_add_trains_with_its_relu_fused_as_int8_deploys_it() -> None:
         qat, ptq = model(x), simulated(x)
     step = float(simulated.fc.output_scale) ** -1
     assert (qat - ptq).abs().max() <= 4 * step * (1 + 1e-4)
+
+
+def test_a_recipe_saved_before_add_relu_fusion_rebuilds_the_add_and_relu_apart() -> None:
+    recipe = _quantizer().recipe()
+    assert recipe["args"]["fuse_add_relu"] is True
+    old = {**recipe, "args": {k: v for k, v in recipe["args"].items() if k != "fuse_add_relu"}}
+    model = qat_from_recipe(create_model("resnet20_cifar", "cifar10"), old)
+    assert type(model.layer1[0].residual_eltwiseadd).__name__ == "QATWrapper"
+    assert type(model.layer1[0].relu2).__name__ == "QATWrapper"
+    assert isinstance(model.layer1[0].conv1, FusedQATWrapper)  # batch norms still folded

@@ -292,25 +292,30 @@ class QuantAwareTrainRangeLinearQuantizer(QATQuantizer):
     quantize_inputs (at num_bits_inputs, default bits_activations). With fold_batchnorm (the
     default) a conv / linear -> batch norm -> ReLU chain trains as the int8 model computes it:
     the folded weight is fake-quantized and only the chain's output (qat_fold.py); false keeps
-    Distiller's form (the layer's output quantized before its batch norm). reduce_range trains
-    7-bit activations, for int8 kernels that saturate 8 bits (CPUs without VNNI).
+    Distiller's form (the layer's output quantized before its batch norm); with fuse_add_relu
+    (the default, with fold_batchnorm) a residual add -> ReLU quantizes once, after the ReLU,
+    as int8's add_relu. reduce_range trains 7-bit activations, for int8 kernels that saturate
+    8 bits (CPUs without VNNI).
     """
 
     class_name = "QuantAwareTrainRangeLinearQuantizer"
-    extra_keys = ("ema_decay", "num_bits_inputs", "fold_batchnorm")
-    # what a recipe saved before fold_batchnorm existed meant
-    recipe_defaults: ClassVar[dict[str, Any]] = {"fold_batchnorm": False}
+    extra_keys = ("ema_decay", "num_bits_inputs", "fold_batchnorm", "fuse_add_relu")
+    # what a recipe saved before fold_batchnorm (fuse_add_relu) existed meant
+    recipe_defaults: ClassVar[dict[str, Any]] = {"fold_batchnorm": False, "fuse_add_relu": False}
     settings_keys = (*QATQuantizer.settings_keys, "mode", "per_channel_wts", "quantize_inputs",
                      "reduce_range")
     override_keys = (*QATQuantizer.override_keys, "mode", "per_channel_wts")
 
     def __init__(self, settings: QuantSettings, ema_decay: float = DEFAULT_EMA_DECAY,
-                 num_bits_inputs: int | None = None, fold_batchnorm: bool = True) -> None:
+                 num_bits_inputs: int | None = None, fold_batchnorm: bool = True,
+                 fuse_add_relu: bool = True) -> None:
         super().__init__(settings)
-        if not isinstance(fold_batchnorm, bool):
-            raise QuantizationError(f"fold_batchnorm must be true or false, got "
-                                    f"{shown(fold_batchnorm)}; write fold_batchnorm: true")
+        for key, value in (("fold_batchnorm", fold_batchnorm), ("fuse_add_relu", fuse_add_relu)):
+            if not isinstance(value, bool):
+                raise QuantizationError(f"{key} must be true or false, got {shown(value)}; "
+                                        f"write {key}: true")
         self.fold_batchnorm = fold_batchnorm
+        self.fuse_add_relu = fuse_add_relu
         if (isinstance(ema_decay, bool) or not isinstance(ema_decay, numbers.Real)
                 or not 0 < ema_decay < 1):
             raise QuantizationError(f"ema_decay must be a number in (0, 1), got "
@@ -320,9 +325,9 @@ class QuantAwareTrainRangeLinearQuantizer(QATQuantizer):
                                 else check_bits(num_bits_inputs, "num_bits_inputs"))
 
     def extra_args(self) -> dict[str, Any]:
-        """ema_decay, num_bits_inputs and fold_batchnorm."""
+        """ema_decay, num_bits_inputs, fold_batchnorm and fuse_add_relu."""
         return {"ema_decay": self.ema_decay, "num_bits_inputs": self.num_bits_inputs,
-                "fold_batchnorm": self.fold_batchnorm}
+                "fold_batchnorm": self.fold_batchnorm, "fuse_add_relu": self.fuse_add_relu}
 
     def plan(self, model: nn.Module) -> dict[str, QATWrapper]:
         """The base plan, with each wrapped layer's batch norm folded and ReLU fused."""
@@ -335,7 +340,8 @@ class QuantAwareTrainRangeLinearQuantizer(QATQuantizer):
             # parent reads itself, and aux heads evaluation never runs, stay float)
             called = {str(node.target) for node in graph.nodes if node.op == "call_module"}
             planned = {name: w for name, w in planned.items() if name in called}
-        fusions = [f for f in fusions if type(planned.get(f.layer)) is QATWrapper]
+        fusions = [f for f in fusions if type(planned.get(f.layer)) is QATWrapper
+                   and (self.fuse_add_relu or isinstance(modules.get(f.layer), PARAM_LAYERS))]
         for fusion in fusions:
             base = planned[fusion.layer]
             if fusion.activation is not None:
