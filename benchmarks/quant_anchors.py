@@ -82,50 +82,69 @@ def nncf_openvino_ptq(float_model: nn.Module, images: Iterable[Tensor]
     return describe(model, description_of(float_model)), seconds
 
 
-class OpenVinoModel(nn.Module):
-    """An OpenVINO model called like a torch classifier (float batch in, logits out), compiled
-    for the CPU with as many threads as torch is set to use (the timing's setting) and float
-    ops in f32."""
+class _PerThreadCount(nn.Module):
+    """A runtime's model called like a torch classifier (float batch in, logits out), built
+    once for each thread count torch is set to use (the timing's setting)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.built: dict[int, Any] = {}
+
+    def build(self, threads: int) -> Any:
+        """The runtime's callable for `threads` threads."""
+        raise NotImplementedError
+
+    def run(self, built: Any, batch: Any) -> Any:
+        """The logits (a numpy array) of `built` for a numpy batch."""
+        raise NotImplementedError
+
+    def forward(self, batch: Tensor) -> Tensor:
+        """The logits the runtime computes for `batch`."""
+        threads = torch.get_num_threads()
+        if threads not in self.built:
+            self.built[threads] = self.build(threads)
+        return torch.from_numpy(self.run(self.built[threads], batch.numpy()))
+
+
+class OpenVinoModel(_PerThreadCount):
+    """An OpenVINO model compiled for the CPU, float ops in f32."""
 
     def __init__(self, model: Any) -> None:
         super().__init__()
-        self.model, self.compiled = model, {}
+        self.model = model
 
-    def forward(self, batch: Tensor) -> Tensor:
-        """The logits OpenVINO computes for `batch`."""
+    def build(self, threads: int) -> Any:
+        """The model compiled for `threads` threads."""
         import openvino as ov
 
-        threads = torch.get_num_threads()
-        if threads not in self.compiled:
-            # float ops in f32, as torch computes them (on CPUs with bf16 OpenVINO's default
-            # is bf16, and its int8 kernels then failed to compile for a dynamic batch)
-            self.compiled[threads] = ov.Core().compile_model(
-                self.model, "CPU", {"INFERENCE_NUM_THREADS": threads,
-                                    "INFERENCE_PRECISION_HINT": "f32"})
-        return torch.from_numpy(self.compiled[threads](batch.numpy())[0])
+        # float ops in f32, as torch computes them (on CPUs with bf16 OpenVINO's default is
+        # bf16, and its int8 kernels then failed to compile for a dynamic batch)
+        return ov.Core().compile_model(self.model, "CPU", {"INFERENCE_NUM_THREADS": threads,
+                                                           "INFERENCE_PRECISION_HINT": "f32"})
+
+    def run(self, built: Any, batch: Any) -> Any:
+        """The compiled model's first output."""
+        return built(batch)[0]
 
 
-class OnnxRuntimeModel(nn.Module):
-    """An ONNX file run by ONNX Runtime on the CPU, called like a torch classifier, with as
-    many intra-op threads as torch is set to use."""
+class OnnxRuntimeModel(_PerThreadCount):
+    """An ONNX file run by ONNX Runtime on the CPU."""
 
     def __init__(self, path: str) -> None:
         super().__init__()
-        self.path, self.sessions = path, {}
+        self.path = path
 
-    def forward(self, batch: Tensor) -> Tensor:
-        """The logits ONNX Runtime computes for `batch`."""
+    def build(self, threads: int) -> Any:
+        """A session with `threads` intra-op threads."""
         import onnxruntime as ort
 
-        threads = torch.get_num_threads()
-        if threads not in self.sessions:
-            options = ort.SessionOptions()
-            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-            self.sessions[threads] = ort.InferenceSession(
-                self.path, options, providers=["CPUExecutionProvider"])
-        session = self.sessions[threads]
-        name = session.get_inputs()[0].name
-        return torch.from_numpy(session.run(None, {name: batch.numpy()})[0])
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        return ort.InferenceSession(self.path, options, providers=["CPUExecutionProvider"])
+
+    def run(self, built: Any, batch: Any) -> Any:
+        """The session's first output."""
+        return built.run(None, {built.get_inputs()[0].name: batch})[0]
 
 
 def exported_runtimes(onnx_path: str) -> tuple[dict[str, nn.Module], list[str]]:

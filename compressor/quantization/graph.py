@@ -29,7 +29,8 @@ from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.quantization.errors import QuantizationError
 from compressor.quantization.fusion import QuantTracer
 
-__all__ = ["GRAPH_VERSION", "explicit_graph", "float_functional_inputs", "ensure_float"]
+__all__ = ["GRAPH_VERSION", "explicit_graph", "float_functional_inputs", "ensure_float",
+           "exact_on_quantized"]
 
 GRAPH_VERSION = 1  # recorded in a quantization recipe that was made on the explicit graph
 _ADDS = (operator.add, operator.iadd, torch.add)
@@ -137,7 +138,9 @@ def ensure_float(value: Any) -> Any:
     return value.dequantize() if isinstance(value, Tensor) and value.is_quantized else value
 
 
-def _exact(node: torch.fx.Node) -> bool:
+def exact_on_quantized(node: torch.fx.Node) -> bool:
+    """Whether a functional op computes exactly on quantized tensors (moves or picks values,
+    leaving them on their grid); modules are not judged here (True)."""
     if node.op == "call_function":
         return node.target in _EXACT_FUNCTIONS
     if node.op == "call_method":
@@ -150,7 +153,7 @@ def float_functional_inputs(module: torch.fx.GraphModule) -> list[str]:
     returns those ops' names (they compute in float, as in the simulation)."""
     changed = []
     for node in list(module.graph.nodes):
-        if node.op not in ("call_function", "call_method") or _exact(node):
+        if node.op not in ("call_function", "call_method") or exact_on_quantized(node):
             continue
         with module.graph.inserting_before(node):
             def wrap(arg: torch.fx.Node) -> torch.fx.Node:

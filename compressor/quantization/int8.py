@@ -28,7 +28,11 @@ from torch import Tensor, nn
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.quantization.errors import QuantizationError, unknown_choice
 from compressor.quantization.graph import ensure_float, float_functional_inputs
-from compressor.quantization.int8_graph import lower_int8_graph
+from compressor.quantization.int8_graph import (
+    QUANTIZED_SAFE_MODULES,
+    lower_int8_graph,
+    requantize,
+)
 from compressor.quantization.range_linear import (
     MAX_ACCUM_BITS,
     LinearQuantMode,
@@ -48,13 +52,6 @@ __all__ = ["INT8_BACKENDS", "ACTIVATION_BITS", "Grid", "activation_grid", "weigh
            "check_convertible", "convert_to_int8", "Int8Model", "kernels_saturate"]
 
 INT8_BACKENDS = ("x86", "fbgemm", "qnnpack")
-# modules that run on quantized tensors as they are
-# modules exact on quantized tensors (they move or pick values); average pooling is not: on
-# quint8 it rounds its means to the grid, which the simulation (pooling in float) does not, and
-# where a float op follows (DenseNet's transition pool, then a batch norm) that rounding was
-# the int8 model's largest departure from it; it runs in float
-_QUANTIZED_SAFE = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.Flatten, nn.Dropout,
-                   nn.Identity, nn.ReLU)
 _CONV = {nn.Conv1d: (nnq.Conv1d, nniq.ConvReLU1d), nn.Conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
          nn.Conv3d: (nnq.Conv3d, nniq.ConvReLU3d)}
 
@@ -133,14 +130,8 @@ def activation_grid(scale: Tensor, zero_point: Tensor, spec: TensorQuant) -> Gri
 def _quantize_to(x: Tensor, grid: Grid | None) -> Tensor:
     """x as quint8 on `grid` (float when None), requantizing only when it is on another."""
     if grid is None:
-        return x.dequantize() if x.is_quantized else x
-    if x.is_quantized:
-        if x.q_scale() == grid.scale and x.q_zero_point() == grid.zero_point:
-            return x  # made on this grid by a module that clamps to it
-        x = x.dequantize()
-    quantized = torch.quantize_per_tensor(x, grid.scale, grid.zero_point, torch.quint8)
-    bounds = grid.bounds()
-    return quantized if bounds is None else torch.clamp(quantized, *bounds)
+        return ensure_float(x)
+    return requantize(x, grid.scale, grid.zero_point, *(grid.bounds() or (None, None)))
 
 
 class _Int8Module(nn.Module):
@@ -342,7 +333,7 @@ def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
             continue
         if isinstance(module, QuantWrapper):
             _set_module(converted, name, _convert(module))
-        elif isinstance(module, _QUANTIZED_SAFE):
+        elif isinstance(module, QUANTIZED_SAFE_MODULES):
             continue
         elif called is not None and name in called:
             _set_module(converted, name, _Dequantized(module))  # a float leaf of the graph

@@ -12,7 +12,6 @@ ReLU's grid. The arithmetic is the module's own: only the per-call Python is gon
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
@@ -20,18 +19,18 @@ import torch.ao.nn.intrinsic.quantized as nniq
 import torch.fx
 from torch import Tensor, nn
 
-__all__ = ["lower_int8_graph", "requantize"]
+from compressor.quantization.graph import ensure_float, exact_on_quantized
+
+__all__ = ["lower_int8_graph", "requantize", "QUANTIZED_SAFE_MODULES"]
 
 _UNKNOWN = object()  # a value whose grid the graph does not tell
-# functions and methods that keep a quantized tensor on its grid (the first argument's)
-_GRID_KEEPING_FUNCTIONS = (operator.getitem, torch.flatten, torch.reshape, torch.transpose,
-                           torch.permute, torch.squeeze, torch.unsqueeze, torch.chunk,
-                           torch.split, torch.nn.functional.max_pool1d,
-                           torch.nn.functional.max_pool2d, torch.nn.functional.max_pool3d)
-_GRID_KEEPING_METHODS = ("view", "reshape", "flatten", "contiguous", "permute", "transpose",
-                         "chunk", "split", "squeeze", "unsqueeze")
-_GRID_KEEPING_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.Flatten, nn.Dropout,
-                         nn.Identity)
+# modules exact on quantized tensors (they move or pick values; a ReLU clamps at the zero
+# point), which run on them as they are and keep their grid; average pooling is not: on quint8
+# it rounds its means to the grid, which the simulation (pooling in float) does not, and where
+# a float op follows (DenseNet's transition pool, then a batch norm) that rounding was the int8
+# model's largest departure from it; it runs in float
+QUANTIZED_SAFE_MODULES = (nn.MaxPool1d, nn.MaxPool2d, nn.MaxPool3d, nn.Flatten, nn.Dropout,
+                          nn.Identity, nn.ReLU)
 
 
 def requantize(x: Tensor, scale: float, zero_point: int, low: float | None,
@@ -46,11 +45,6 @@ def requantize(x: Tensor, scale: float, zero_point: int, low: float | None,
     return quantized if low is None else torch.clamp(quantized, low, high)
 
 
-def _dequantized(x: Any) -> Any:
-    """A quantized tensor dequantized; anything else as it is."""
-    return x.dequantize() if isinstance(x, Tensor) and x.is_quantized else x
-
-
 def _grid_of(node: Any, grids: dict[torch.fx.Node, Any], modules: dict[str, nn.Module],
              int8_module: type) -> Any:
     """The grid the value of `node` lies on: a Grid, None (float) or _UNKNOWN."""
@@ -63,20 +57,12 @@ def _grid_of(node: Any, grids: dict[torch.fx.Node, Any], modules: dict[str, nn.M
         module = modules.get(str(node.target))
         if isinstance(module, int8_module):
             return module.output
-        if isinstance(module, _GRID_KEEPING_MODULES):
-            return first
-        if type(module) is nn.ReLU:  # on quint8 it clamps at the zero point: the same grid
-            return first
-        return _UNKNOWN
-    if node.op == "call_function":
-        if node.target is _dequantized or node.target.__name__ == "ensure_float":
-            return None
-        if node.target is requantize:
-            return _UNKNOWN  # set where the node is made
-        return first if node.target in _GRID_KEEPING_FUNCTIONS else _UNKNOWN
-    if node.op == "call_method" and node.target in _GRID_KEEPING_METHODS:
+        return first if isinstance(module, QUANTIZED_SAFE_MODULES) else _UNKNOWN
+    if node.op == "call_function" and node.target is ensure_float:
+        return None
+    if node.op in ("call_function", "call_method") and exact_on_quantized(node):
         return first
-    return _UNKNOWN
+    return _UNKNOWN  # requantize nodes' grids are set where they are made
 
 
 def _onto(graph: torch.fx.Graph, value: Any, grid: Any, known: Any) -> Any:
@@ -84,7 +70,7 @@ def _onto(graph: torch.fx.Graph, value: Any, grid: Any, known: Any) -> Any:
     if known is not _UNKNOWN and known == grid:
         return value
     if grid is None:
-        return graph.call_function(_dequantized, (value,))
+        return graph.call_function(ensure_float, (value,))
     bounds = grid.bounds() or (None, None)
     return graph.call_function(requantize, (value, grid.scale, grid.zero_point, *bounds))
 

@@ -130,11 +130,15 @@ class _Planner:
                                          f"{_STATS_FIX}")
         return record
 
+    @staticmethod
+    def _range(spec: TensorQuant, record: Mapping) -> tuple[float, float]:
+        """The (min, max) a tensor is quantized to, from its statistics."""
+        return stats_range(record, spec.clip, spec.mode, spec.bits, spec.clip_n_stds,
+                           spec.half_range)
+
     def _qparams(self, spec: TensorQuant, record: Mapping) -> tuple[Tensor, Tensor]:
         """(scale, zero_point) of a tensor from its statistics."""
-        low, high = stats_range(record, spec.clip, spec.mode, spec.bits, spec.clip_n_stds,
-                                spec.half_range)
-        return quant_params(low, high, spec.bits, spec.mode)
+        return quant_params(*self._range(spec, record), spec.bits, spec.mode)
 
     def _output_range(self, name: str) -> tuple[float, float]:
         """The (min, max) a layer's output is quantized to, from its fused chain's last stats."""
@@ -142,8 +146,7 @@ class _Planner:
         key = name if fusion is None else (fusion.activation or fusion.batchnorm or name)
         spec = self.outputs[name]
         assert spec is not None
-        return stats_range(self.record(name, key, "output"), spec.clip, spec.mode, spec.bits,
-                           spec.clip_n_stds, spec.half_range)
+        return self._range(spec, self.record(name, key, "output"))
 
     def output_qparams(self, name: str) -> tuple[Tensor, Tensor]:
         """The output parameters of a quantized layer: its own range's, or the union of its
