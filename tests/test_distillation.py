@@ -123,7 +123,7 @@ def test_before_the_start_epoch_the_teacher_does_not_run(teacher_path: Path) -> 
     student = _digits_student()
     distillation = _start(teacher_path, student, start_epoch=2)
     calls: list[int] = []
-    distillation.teacher.model.register_forward_pre_hook(lambda m, args: calls.append(1))
+    distillation.teacher.inference.register_forward_pre_hook(lambda m, args: calls.append(1))
     inputs, target = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 3])
     output = distillation.wrap(student)(inputs)
     loss = distillation.loss_for_epoch(1)(output, target)
@@ -134,7 +134,7 @@ def test_before_the_start_epoch_the_teacher_does_not_run(teacher_path: Path) -> 
 
 def _capture_teacher_input(distillation: Distillation, inputs: torch.Tensor) -> torch.Tensor:
     seen: list[torch.Tensor] = []
-    handle = distillation.teacher.model.register_forward_pre_hook(
+    handle = distillation.teacher.inference.register_forward_pre_hook(
         lambda module, args: seen.append(args[0].detach().clone()))
     distillation.wrap(nn.Identity())(inputs).teacher_logits()
     handle.remove()

@@ -30,6 +30,7 @@ from compressor.budget.search import Budget, BudgetSearch
 from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
 from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import DatasetSplits
+from compressor.models.inference import inference_copy
 from compressor.reports.budget import (
     budget_report,
     budget_table,
@@ -192,8 +193,12 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
     written."""
     latency = _latency_setting(state, ctx.device)
     size_scale = QE_SIZE_FRACTION if state.get("quantize") else 1.0
-    validate = evaluation_fn(_search_subset(data.val, setup.seed), run.train.loader, ctx,
-                             desc="search")
+    score = evaluation_fn(_search_subset(data.val, setup.seed), run.train.loader, ctx,
+                          desc="search")
+
+    def validate(candidate: nn.Module) -> Mapping[str, float]:
+        return score(inference_copy(candidate))  # frozen while scored: the faster form
+
     return BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"]), validate,
                         _measure_fn(model, latency, size_scale), state=state)
 

@@ -18,6 +18,7 @@ from compressor.assembly.setup import ResolvedModel, build_resolved_model, resol
 from compressor.distillation.adapter import InputAdapter
 from compressor.models.description import ModelDescription, description_of
 from compressor.models.factory import get_arch_spec
+from compressor.models.inference import inference_copy
 from compressor.models.pretrained import has_pretrained_weights, pretrained_file
 from compressor.models.registry import ArchSpec
 from compressor.training.checkpoint import REQUIRED_KEYS, load_checkpoint
@@ -52,6 +53,8 @@ class Teacher:
 
     def __init__(self, model: nn.Module, adapter: InputAdapter, source: TeacherSource) -> None:
         self.model = model.eval().requires_grad_(False)
+        # what computes the logits: the same function, batch norms folded, channels-last
+        self.inference = inference_copy(self.model)
         self.adapter = adapter
         self.source = source
 
@@ -64,7 +67,7 @@ class Teacher:
         """The teacher's main logits for a batch normalized for the student."""
         # no_grad, not inference_mode: the logits feed the student's autograd graph as constants
         with torch.no_grad():
-            return main_logits(self.model(self.adapter(inputs)))
+            return main_logits(self.inference(self.adapter(inputs)))
 
 
 def file_sha256(path: str | Path) -> str:
