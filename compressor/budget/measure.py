@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -15,7 +15,8 @@ from torch import nn
 from compressor.models.description import description_of
 from compressor.reports.metrics import count_macs, model_file_bytes
 
-__all__ = ["QUANTITIES", "LatencySetting", "measure_latency", "figures"]
+__all__ = ["QUANTITIES", "LatencySetting", "measure_latencies", "measure_latency",
+           "relative_latencies", "figures"]
 
 # budgeted quantity -> the figure measured for it
 QUANTITIES = ("macs", "params", "latency", "size")
@@ -62,34 +63,52 @@ def _call_seconds(model: nn.Module, batch: torch.Tensor, device: torch.device) -
     return time.perf_counter() - begin
 
 
-def measure_latency(model: nn.Module, setting: LatencySetting,
-                    reference: nn.Module | None = None) -> tuple[float, float | None]:
-    """Median seconds of one forward pass of a batch at the model's InputSpec (eval mode), and
-    with `reference`, the reference's, timed in alternation with it (so a change in the
-    machine's load between the two cannot bias their ratio)."""
+def measure_latencies(models: Sequence[nn.Module], setting: LatencySetting,
+                      reference: nn.Module | None = None) -> tuple[list[float], float | None]:
+    """Median seconds of one forward pass of a batch at each model's InputSpec (eval mode), all
+    timed in the same interleaved rounds, and with `reference`, the reference's, timed in
+    those rounds too (so a change in the machine's load cannot bias their ratios)."""
     device = torch.device(setting.device)
-    models = [model] if reference is None else [model, reference]
-    modes = [m.training for m in models]
-    batches = [_batch(m, setting) for m in models]
-    times: list[list[float]] = [[] for _ in models]
+    timed = [*models] if reference is None else [*models, reference]
+    modes = [m.training for m in timed]
+    batches = [_batch(m, setting) for m in timed]
+    times: list[list[float]] = [[] for _ in timed]
     try:
-        for m in models:
+        for m in timed:
             m.eval()
         with _threads(setting.threads), torch.inference_mode():
-            for m, batch in zip(models, batches, strict=True):
+            for m, batch in zip(timed, batches, strict=True):
                 for _ in range(2):  # warm-up: allocator, kernels' first-call set-up
                     _call_seconds(m, batch, device)
             started = time.perf_counter()
             while len(times[0]) < setting.repeats or (
                     time.perf_counter() - started < setting.min_seconds
                     and len(times[0]) < 10 * setting.repeats):
-                for index, (m, batch) in enumerate(zip(models, batches, strict=True)):
+                for index, (m, batch) in enumerate(zip(timed, batches, strict=True)):
                     times[index].append(_call_seconds(m, batch, device))
     finally:
-        for m, mode in zip(models, modes, strict=True):
+        for m, mode in zip(timed, modes, strict=True):
             m.train(mode)
     medians = [statistics.median(t) for t in times]
-    return medians[0], (medians[1] if reference is not None else None)
+    if reference is None:
+        return medians, None
+    return medians[:-1], medians[-1]
+
+
+def measure_latency(model: nn.Module, setting: LatencySetting,
+                    reference: nn.Module | None = None) -> tuple[float, float | None]:
+    """Median seconds of one forward pass of `model` (measure_latencies of one model)."""
+    seconds, reference_seconds = measure_latencies([model], setting, reference)
+    return seconds[0], reference_seconds
+
+
+def relative_latencies(models: Sequence[nn.Module], setting: LatencySetting,
+                       reference: tuple[nn.Module, float]) -> list[float]:
+    """Each model's latency as the reference's recorded seconds times their ratio measured in
+    the same interleaved rounds (measure_latencies)."""
+    seconds, reference_seconds = measure_latencies(models, setting, reference[0])
+    assert reference_seconds is not None
+    return [reference[1] * value / reference_seconds for value in seconds]
 
 
 def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetting | None,
@@ -113,9 +132,7 @@ def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetti
             if reference is None:
                 measured["latency"] = measure_latency(model, latency)[0]
             else:
-                seconds, reference_seconds = measure_latency(model, latency, reference[0])
-                assert reference_seconds is not None
-                measured["latency"] = reference[1] * seconds / reference_seconds
+                measured["latency"] = relative_latencies([model], latency, reference)[0]
         else:
             raise ValueError(f"unknown budget quantity {quantity!r}")
     return measured

@@ -13,6 +13,8 @@
    budget, each candidate thinned and measured (latency timed on the thinned model).
 4. Round each group's kept channels up to a multiple of CHANNEL_MULTIPLE, kept where every
    budget still holds (hardware-friendly counts, where they pay).
+5. Confirm a latency choice by timing it again (the median of three timings must meet the
+   aim), else remove more channels along the ranking until one is confirmed.
 
 Every evaluation is cached under the candidate's per-group counts; the state is plain values,
 so it rides in a checkpoint and a resumed search replays the same decisions from the cache.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
+import statistics
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -45,7 +48,7 @@ from compressor.thinning.thin import find_thinning
 from compressor.utils.errors import UsageError
 
 __all__ = ["Budget", "SearchResult", "BudgetSearch", "STATE_VERSION", "build_candidate",
-           "ranking_quantity"]
+           "ranking_quantity", "LatenciesFn"]
 
 STATE_VERSION = 1
 LOG = logging.getLogger("compressor")
@@ -53,12 +56,25 @@ EvaluateFn = Callable[[nn.Module], Mapping[str, float]]
 # (model, quantities, the dense model's figures once measured) -> figures
 MeasureFn = Callable[[nn.Module, tuple[str, ...], Mapping[str, float] | None],
                      Mapping[str, float]]
+# (models, the dense model's figures) -> each model's latency, all timed in the same rounds
+LatenciesFn = Callable[[list[nn.Module], Mapping[str, float]], list[float]]
+# Probes timed together in one interleaved session (thinned copies held in memory at once)
+PROBES_TIMED_TOGETHER = 8
 # Kept channel counts are rounded up to multiples of this where the budgets still hold
 # (oneDNN's CPU convolutions block channels by 8 (AVX2) or 16 (AVX-512), tensor cores by 8)
 CHANNEL_MULTIPLE = 8
 # Timings vary by a few percent from run to run: the search aims this much under a latency
 # target, so the fine-tuned model, timed again, still meets it.
 LATENCY_SEARCH_MARGIN = 0.97
+# A latency choice is timed this many times more (its figure becomes the median of all its
+# timings) before it is kept: bisection keeps the first candidate whose one timing fell under
+# the aim, and a timing that fell there by chance is not confirmed. At most CONFIRM_STEPS
+# further candidates along the ranking are tried when it is not.
+LATENCY_CONFIRMATIONS = 2
+# A latency bisection stops when its bracket is this fraction of the ranking or less (one
+# channel moves latency by less than a timing's noise)
+LATENCY_BISECTION_PARTS = 64
+CONFIRM_STEPS = 8
 
 
 @dataclass(frozen=True)
@@ -118,8 +134,10 @@ class BudgetSearch:
 
     def __init__(self, dense: nn.Module, inputs: Tensor, budget: Budget, evaluate: EvaluateFn,
                  measure: MeasureFn, state: Mapping[str, Any] | None = None,
-                 on_evaluation: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_evaluation: Callable[[dict[str, Any]], None] | None = None,
+                 measure_latencies: LatenciesFn | None = None) -> None:
         self.dense = dense.eval()
+        self.measure_latencies = measure_latencies
         self.inputs = inputs
         self.budget = budget
         self.evaluate = evaluate
@@ -219,23 +237,43 @@ class BudgetSearch:
         removed) thinned and timed against the dense model, divided by the channels removed.
         MACs are not latency: a layer's time depends on its kernel and shape, not its MACs."""
         dense = self.dense_entry()["figures"]["latency"]
+        probes = [tuple(self._probe(index)["removed"]) for index in range(len(self.groups))]
+        if self.measure_latencies is not None:
+            self._time_together(probes)
         prices = []
-        for index, group in enumerate(self.groups):
-            removed = [0] * len(self.groups)
-            removed[index] = group.channels // 2
-            entry = self._evaluate(tuple(removed), "probe", ("latency",))
-            saved = (dense - entry["figures"]["latency"]) / max(removed[index], 1)
+        for removed in probes:
+            entry = self._evaluate(removed, "probe", ("latency",))
+            saved = (dense - entry["figures"]["latency"]) / max(sum(removed), 1)
             prices.append(max(saved, LATENCY_PRICE_FLOOR * dense))
         return prices
+
+    def _time_together(self, candidates: list[tuple[int, ...]]) -> None:
+        """Time the scored candidates that have no latency yet in shared interleaved sessions
+        (PROBES_TIMED_TOGETHER at a time, with the dense model): one dense timing per session
+        instead of one per candidate."""
+        assert self.measure_latencies is not None
+        dense = self.dense_entry()["figures"]
+        missing = [c for c in candidates
+                   if "latency" not in self.evaluations[_key(c)]["figures"]]
+        for start in range(0, len(missing), PROBES_TIMED_TOGETHER):
+            chunk = missing[start:start + PROBES_TIMED_TOGETHER]
+            models = [build_candidate(self.dense, self.groups, removed, self.rankings,
+                                      self.batchnorms, self.inputs) for removed in chunk]
+            for removed, seconds in zip(chunk, self.measure_latencies(models, dense),
+                                        strict=True):
+                entry = self.evaluations[_key(removed)]
+                entry["figures"]["latency"] = float(seconds)
+                LOG.info("budget search (probe): %d channels removed, latency %.3f",
+                         sum(removed), seconds / dense["latency"])
+            if self.on_evaluation is not None:
+                self.on_evaluation(self.state)
 
     def _order(self) -> list[int]:
         """Group indices, one per channel, in the order the channels are removed."""
         dense = self.dense_entry()
         prices: dict[str, list[float]] = dict(channel_prices(self.dense, self.groups))
         if "latency" in self._price_quantities():
-            for index in range(len(self.groups)):
-                self._probe(index)  # scored first, masked: the timing then reuses its entry
-            prices["latency"] = self._latency_prices()
+            prices["latency"] = self._latency_prices()  # probes scored first, then timed
         dense_totals = {q: dense["figures"].get(q) or float(
             figures(self.dense, (q,), None)[q]) for q in self._price_quantities()}
         keyed: list[tuple[float, int, int]] = []
@@ -269,6 +307,45 @@ class BudgetSearch:
         entry = self._evaluate(tuple(rounded), "rounded", self.budget.quantities)
         return entry if self._met(entry) else chosen
 
+    def _retimed(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """`entry` with its latency timed LATENCY_CONFIRMATIONS more times (in alternation with
+        the dense model), its figure the median of every timing (once: the timings are kept)."""
+        if "latency_timings" in entry:
+            return entry
+        removed = tuple(entry["removed"])
+        model = build_candidate(self.dense, self.groups, removed, self.rankings,
+                                self.batchnorms, self.inputs)
+        reference = self.dense_entry()["figures"]
+        timings = [float(entry["figures"]["latency"])] + [
+            float(self.measure(model, ("latency",), reference)["latency"])
+            for _ in range(LATENCY_CONFIRMATIONS)]
+        entry["latency_timings"] = timings
+        entry["figures"]["latency"] = statistics.median(timings)
+        LOG.info("budget search (confirm): %d channels removed, latency timed %s of dense",
+                 sum(removed), " ".join(f"{t / reference['latency']:.3f}" for t in timings))
+        if self.on_evaluation is not None:
+            self.on_evaluation(self.state)
+        return entry
+
+    def _confirmed(self, order: list[int], taken: int, chosen: dict[str, Any]
+                   ) -> dict[str, Any]:
+        """The choice once its latency is confirmed by more timings; when the median misses
+        the aim, more channels along the ranking (as many as the time per channel removed so
+        far says the excess needs), confirmed in turn."""
+        if "latency" not in self.budget.quantities or not self._met(chosen):
+            return chosen  # out of reach: the most pruned candidate, as it is
+        aim = self.budget.targets["latency"] * LATENCY_SEARCH_MARGIN
+        for _ in range(CONFIRM_STEPS):
+            chosen = self._retimed(chosen)
+            ratio = self.ratios(chosen)["latency"]
+            if self._met(chosen) or taken >= len(order):
+                return chosen
+            per_channel = max(1.0 - ratio, 1e-6) / max(taken, 1)
+            taken = min(len(order), taken + max(1, math.ceil((ratio - aim) / per_channel)))
+            chosen = self._evaluate(self._counts(order, taken), "confirm",
+                                    self.budget.quantities)
+        return chosen
+
     def _counts(self, order: list[int], taken: int) -> tuple[int, ...]:
         removed = [0] * len(self.groups)
         for index in order[:taken]:
@@ -281,9 +358,12 @@ class BudgetSearch:
         self.dense_entry()
         order = self._order()
         low, high = 0, len(order)
+        # timings vary by a few percent: a latency bisection stops at a few channels
+        resolution = (max(1, len(order) // LATENCY_BISECTION_PARTS)
+                      if "latency" in quantities else 1)
         top = self._evaluate(self._counts(order, high), "search", quantities)
         if self._met(top):
-            while high - low > 1:
+            while high - low > resolution:
                 middle = (low + high) // 2
                 entry = self._evaluate(self._counts(order, middle), "search", quantities)
                 if self._met(entry):
@@ -293,6 +373,7 @@ class BudgetSearch:
         chosen = self._evaluate(self._counts(order, high), "search", quantities)
         if self._met(chosen):
             chosen = self._rounded(chosen)
+        chosen = self._confirmed(order, high, chosen)
         self.state["chosen"] = chosen["removed"]
         if self.on_evaluation is not None:
             self.on_evaluation(self.state)

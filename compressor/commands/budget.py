@@ -24,7 +24,7 @@ from torch.utils.data import Subset
 from compressor.assembly.setup import RunSetup
 from compressor.assembly.state import assemble_checkpoint
 from compressor.budget.groups import ChannelGroup
-from compressor.budget.measure import LatencySetting, figures
+from compressor.budget.measure import LatencySetting, figures, relative_latencies
 from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
 from compressor.budget.search import Budget, BudgetSearch
 from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
@@ -73,6 +73,8 @@ QE_SIZE_FRACTION = 0.25  # int8 weights over float32: the size estimate while se
 # subset): its decisions compare candidates with each other, and a pass over a large
 # validation split per candidate would cost more than the fine-tune.
 SEARCH_VAL_IMAGES = 2000
+# the final model's latency is timed this many times as long as each search candidate's
+FINAL_TIMING_FACTOR = 3
 
 
 @dataclass(frozen=True)
@@ -187,6 +189,21 @@ def _measure_fn(dense: nn.Module, latency: LatencySetting | None, size_scale: fl
     return measure
 
 
+def _latencies_fn(dense: nn.Module, latency: LatencySetting | None
+                  ) -> Callable[[list[nn.Module], Mapping[str, float]], list[float]] | None:
+    """Several models' latencies timed together with the dense model, by rank 0 alone and
+    broadcast (as _figures)."""
+    if latency is None:
+        return None
+
+    def measure_latencies(models: list[nn.Module], dense_figures: Mapping[str, float]
+                          ) -> list[float]:
+        reference = (dense, float(dense_figures["latency"]))
+        timed = relative_latencies(models, latency, reference) if rank() == 0 else None
+        return [float(seconds) for seconds in broadcast_object(timed)]
+    return measure_latencies
+
+
 def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
                     data: DatasetSplits, state: dict[str, Any]) -> BudgetSearch:
     """The search over `model`, its groups found (or refused, in one line) before any file is
@@ -200,7 +217,8 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
         return score(inference_copy(candidate))  # frozen while scored: the faster form
 
     return BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"]), validate,
-                        _measure_fn(model, latency, size_scale), state=state)
+                        _measure_fn(model, latency, size_scale), state=state,
+                        measure_latencies=_latencies_fn(model, latency))
 
 
 def _search(search: BudgetSearch, run: BudgetRun, ctx: DistContext, model: nn.Module,
@@ -378,11 +396,14 @@ def _rebuild_dense(source: Mapping[str, Any], device: Any) -> nn.Module:
 
 def _final_figures(state: Mapping[str, Any], model: nn.Module, results: Mapping[str, Any]
                    ) -> dict[str, float]:
-    """The final model's budgeted figures; latency timed in alternation with the dense model."""
+    """The final model's budgeted figures; latency timed in alternation with the dense model,
+    FINAL_TIMING_FACTOR times as long as a search timing (the evidence of budget.json)."""
     device = next(model.parameters()).device
     latency, reference = _latency_setting(state, device), None
     quantities = tuple(sorted(state["targets"]))
     if latency is not None:
+        latency = replace(latency, repeats=FINAL_TIMING_FACTOR * latency.repeats,
+                          min_seconds=FINAL_TIMING_FACTOR * latency.min_seconds)
         reference = (_rebuild_dense(state["dense_source"], device),
                      float(state["dense_figures"]["latency"]))
     measured = _figures(model, quantities, latency, reference)

@@ -66,7 +66,7 @@ def plot_pareto(evaluations: Sequence[Mapping[str, Any]], targets: Mapping[str, 
         points = [(e["ratios"][quantity], e["top1"], e["phase"]) for e in evaluations
                   if quantity in e.get("ratios", {})]
         for phase, marker in (("dense", "s"), ("probe", "x"), ("search", "o"),
-                              ("rounded", "^")):
+                              ("rounded", "^"), ("confirm", "d")):
             shown = [(x, y) for x, y, p in points if p == phase]
             if shown:
                 axes.scatter(*zip(*shown, strict=True), marker=marker, label=phase, s=18)
