@@ -4,7 +4,8 @@
    the rise of the validation loss is the group's sensitivity. A channel's price is what its
    removal saves of the budgeted cost: MACs or parameters to first order over every layer
    that produces, reads or passes it (compressor.budget.prices); latency as measured, each
-   probe thinned and timed against the dense model.
+   probe thinned and timed against the dense model (several probes in one session when the
+   caller can time models together).
 2. Rank every channel of every group by (sensitivity x the channel's norm relative to its
    layer's mean) / price: a global ranking normalised by each group's cost, never a uniform
    ratio. Channels of one group keep their leader's order; a group keeps at least
