@@ -3,45 +3,23 @@ the same function as the model in eval mode, batch norms folded, channels-last."
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 import torch
 from torch import nn
 
-from compressor.models import create_model, get_arch_spec
 from compressor.models.inference import inference_copy
 from compressor.training.losses import main_logits
 from tests.conftest import trained_like_batchnorms
+from tests.test_quant_graph import FAMILIES, trained_like_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-# one arch of each family and block kind (residual, pre-activation, depthwise, squeeze-excite,
-# concatenating, channel shuffle, layer norm, attention), at small sides
-FAMILIES = {
-    "resnet20_cifar": None, "preact_resnet20_cifar": None, "vgg11_bn_cifar": None,
-    "simplenet_mnist": None, "mobilenet_025": 64, "mobilenet_v2": 64,
-    "mobilenet_v3_small": 64, "efficientnet_b0": 64, "regnet_x_400mf": 64, "googlenet": 64,
-    "inception_v3": 96, "shufflenet_v2_x0_5": 64, "squeezenet1_1": 64, "convnext_tiny": 64,
-    "swin_t": 64, "densenet_bc_40_cifar": None,
-}
 
-
-def _model(arch: str, side: int | None) -> tuple[nn.Module, torch.Tensor]:
-    spec = get_arch_spec(arch)
-    input_spec = spec.input_spec(spec.default_dataset)
-    if side is not None:
-        input_spec = replace(input_spec, input_size=(input_spec.channels, side, side),
-                             resize_size=side, crop_size=side)
-    torch.manual_seed(0)
-    model = trained_like_batchnorms(create_model(arch, spec.default_dataset,
-                                                 input_spec=input_spec))
-    return model, torch.randn(2, *input_spec.input_size)
-
-
+# one architecture of each of the quantization tests' 20 families (residual, pre-activation,
+# depthwise, squeeze-excite, concatenating, channel shuffle, layer norm, attention)
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
 def test_the_inference_copy_computes_what_the_model_does(arch: str) -> None:
-    model, inputs = _model(arch, FAMILIES[arch])
+    model, inputs = trained_like_model(arch, FAMILIES[arch], batch=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     copy = inference_copy(model.train())
     assert model.training  # the model itself is left as it was

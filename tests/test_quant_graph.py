@@ -36,8 +36,9 @@ FAMILIES = {
 }
 
 
-def _model(arch: str, side: int | None) -> tuple[nn.Module, torch.Tensor]:
-    """A trained-like model at `side` px and eight inputs for it."""
+def trained_like_model(arch: str, side: int | None, batch: int = 8
+                       ) -> tuple[nn.Module, torch.Tensor]:
+    """A trained-like model at `side` px and `batch` inputs for it."""
     spec = get_arch_spec(arch)
     input_spec = spec.input_spec(spec.default_dataset)
     if side is not None:
@@ -46,7 +47,7 @@ def _model(arch: str, side: int | None) -> tuple[nn.Module, torch.Tensor]:
     torch.manual_seed(0)
     model = trained_like_batchnorms(create_model(arch, spec.default_dataset,
                                                  input_spec=input_spec))
-    return model, torch.randn(8, *input_spec.input_size)
+    return model, torch.randn(batch, *input_spec.input_size)
 
 
 def _kinds(model: nn.Module) -> dict[str, type]:
@@ -55,7 +56,7 @@ def _kinds(model: nn.Module) -> dict[str, type]:
 
 
 def test_functional_ops_become_named_modules_and_compute_the_same() -> None:
-    model, x = _model("mobilenet_v3_small", 64)
+    model, x = trained_like_model("mobilenet_v3_small", 64)
     graph = explicit_graph(model, x[:1])
     kinds = _kinds(graph)
     assert kinds["features.3.add"] is EltwiseAdd  # x + self.block(x) in InvertedResidual
@@ -66,18 +67,19 @@ def test_functional_ops_become_named_modules_and_compute_the_same() -> None:
     collect_stats(graph, [x])  # the graph shares the model's layers and changes none of them
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert not _kinds(model)  # the Eltwise modules were added to the graph, not to the model
-    googlenet, y = _model("googlenet", 64)
+    googlenet, y = trained_like_model("googlenet", 64)
     graph = explicit_graph(googlenet, y[:1])
     assert _kinds(graph)["inception3a.cat"] is Concat
     names = [name for name, _ in graph.named_modules()]
     assert not [n for n in names if n.startswith(("aux1", "aux2"))]  # evaluation never runs them
-    convnext, z = _model("convnext_tiny", 64)  # its layer scale (a parameter) stays functional
+    # its layer scale (a parameter) stays functional
+    convnext, z = trained_like_model("convnext_tiny", 64)
     assert "features.1.0.mul" not in _kinds(explicit_graph(convnext, z[:1]))
 
 
 @pytest.mark.parametrize("arch", sorted(FAMILIES))
 def test_int8_follows_the_simulation(arch: str) -> None:
-    model, x = _model(arch, FAMILIES[arch])
+    model, x = trained_like_model(arch, FAMILIES[arch])
     graph = explicit_graph(model, x[:1])
     stats = collect_stats(graph, [x[:4], x[4:]])
     settings = settings_from_args({"reduce_range": kernels_saturate("x86")}, "q")
@@ -143,7 +145,7 @@ def test_cli_converts_a_network_of_functional_ops_and_rebuilds_it(tmp_path: Path
 
 def _lowered(arch: str) -> tuple[nn.Module, nn.Module, torch.Tensor]:
     """(simulated, int8) of one architecture, and inputs."""
-    model, x = _model(arch, FAMILIES[arch])
+    model, x = trained_like_model(arch, FAMILIES[arch])
     graph = explicit_graph(model, x[:1])
     settings = settings_from_args({"mode": {"activations": "asym_u", "weights": "sym"},
                                    "per_channel_wts": True,
