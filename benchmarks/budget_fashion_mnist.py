@@ -21,7 +21,7 @@ Arms:
              group, `group_dependency: Leader`, a FilterRemover), pruning over the same epochs.
   tp         Torch-Pruning's MetaPruner with L1 magnitude importance, `global_pruning=True`,
              the final classifier ignored and at most 90% of a layer's channels pruned (ours
-             keeps 10% of a group too), stepped (200 steps to 95% of all channels) until the
+             keeps a quarter of a group), stepped (200 steps to 95% of all channels) until the
              MACs, counted as for every arm, are within the budget (Torch-Pruning's own
              count_ops_and_params ratio, which adds norms and activations, is recorded too); for
              latency the step (i.e. the MACs target) is bisected, every step's model kept, until

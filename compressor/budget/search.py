@@ -83,7 +83,9 @@ class Budget:
     """Targets as fractions of the dense model's figures; all must hold."""
 
     targets: Mapping[str, float]
-    min_keep: float = 0.1  # the smallest fraction of a group's channels that is kept
+    # the smallest fraction of a group's channels that is kept: the ranking is greedy, and
+    # with a 10% floor it emptied blocks to a few channels (0.86 pt lower at 0.3x MACs)
+    min_keep: float = 0.25
 
     @property
     def quantities(self) -> tuple[str, ...]:
