@@ -65,6 +65,19 @@ def _measure(model: nn.Module, quantities: tuple[str, ...],
     return figures(model, quantities, None)
 
 
+def _on_clock(clock: Callable[[nn.Module, Mapping[str, float] | None], float]
+              ) -> Callable[..., dict[str, float]]:
+    """A measure function: figures counted, latency read off a deterministic stand-in `clock`
+    (given the candidate and the dense model's figures once they are measured)."""
+    def measure(candidate: nn.Module, quantities: tuple[str, ...],
+                dense: Mapping[str, float] | None = None) -> dict[str, float]:
+        measured = figures(candidate, tuple(q for q in quantities if q != "latency"), None)
+        if "latency" in quantities:
+            measured["latency"] = clock(candidate, dense)
+        return measured
+    return measure
+
+
 @pytest.mark.parametrize("arch", sorted(BUDGET_FAMILIES))
 def test_every_family_gives_groups_thinning_removes_exactly_or_refuses_in_one_line(
         arch: str) -> None:
@@ -189,13 +202,8 @@ def test_a_latency_budget_prices_channels_by_the_time_they_save() -> None:
 
     model, inputs = _model("resnet20_cifar", None)
 
-    def measure(candidate: nn.Module, quantities: tuple[str, ...],
-                dense: Mapping[str, float] | None = None) -> dict[str, float]:
-        measured = figures(candidate, tuple(q for q in quantities if q != "latency"), None)
-        if "latency" in quantities:
-            measured["latency"] = 1e-6 * sum(cost.macs for cost in layer_costs(candidate)
-                                             if cost.name.startswith("layer3"))
-        return measured
+    measure = _on_clock(lambda candidate, dense: 1e-6 * sum(
+        cost.macs for cost in layer_costs(candidate) if cost.name.startswith("layer3")))
 
     search = BudgetSearch(model, inputs[:2], Budget({"latency": 0.6}), _scorer(inputs), measure)
     result = search.run()
@@ -213,14 +221,9 @@ def test_kept_channels_are_rounded_to_multiples_of_8_where_the_budget_still_hold
     fewer channels removed; with MACs, where rounding up cannot hold, the choice stays."""
     model, inputs = _model("resnet20_cifar", None)
 
-    def measure(candidate: nn.Module, quantities: tuple[str, ...],
-                dense: Mapping[str, float] | None = None) -> dict[str, float]:
-        measured = figures(candidate, tuple(q for q in quantities if q != "latency"), None)
-        if "latency" in quantities:
-            measured["latency"] = sum(
-                m.out_channels * (0.5 if m.out_channels % 8 == 0 else 1.0)
-                for m in candidate.modules() if isinstance(m, nn.Conv2d))
-        return measured
+    measure = _on_clock(lambda candidate, dense: sum(
+        m.out_channels * (0.5 if m.out_channels % 8 == 0 else 1.0)
+        for m in candidate.modules() if isinstance(m, nn.Conv2d)))
 
     search = BudgetSearch(model, inputs[:2], Budget({"latency": 0.5}), _scorer(inputs), measure)
     result = search.run()
@@ -246,16 +249,13 @@ def test_a_latency_choice_timed_low_by_chance_is_confirmed_or_pruned_further() -
         return float(sum(m.out_channels for m in candidate.modules()
                          if isinstance(m, nn.Conv2d)))
 
-    def measure(candidate: nn.Module, quantities: tuple[str, ...],
-                dense: Mapping[str, float] | None = None) -> dict[str, float]:
-        measured = figures(candidate, tuple(q for q in quantities if q != "latency"), None)
-        if "latency" in quantities:
-            shape = tuple(m.out_channels for m in candidate.modules()
-                          if isinstance(m, nn.Conv2d))
-            timed[shape] = timed.get(shape, 0) + 1
-            lucky = 0.92 if timed[shape] == 1 and dense is not None else 1.0
-            measured["latency"] = lucky * true_latency(candidate)
-        return measured
+    def lucky_clock(candidate: nn.Module, dense: Mapping[str, float] | None) -> float:
+        shape = tuple(m.out_channels for m in candidate.modules() if isinstance(m, nn.Conv2d))
+        timed[shape] = timed.get(shape, 0) + 1
+        lucky = 0.92 if timed[shape] == 1 and dense is not None else 1.0
+        return lucky * true_latency(candidate)
+
+    measure = _on_clock(lucky_clock)
 
     search = BudgetSearch(model, inputs[:2], Budget({"latency": 0.5}), _scorer(inputs), measure)
     result = search.run()
@@ -282,12 +282,7 @@ def test_latency_probes_are_timed_together_in_shared_sessions() -> None:
         return float(sum(m.out_channels ** 1.5 for m in candidate.modules()
                          if isinstance(m, nn.Conv2d)))
 
-    def measure(candidate: nn.Module, quantities: tuple[str, ...],
-                dense: Mapping[str, float] | None = None) -> dict[str, float]:
-        measured = figures(candidate, tuple(q for q in quantities if q != "latency"), None)
-        if "latency" in quantities:
-            measured["latency"] = clock(candidate)
-        return measured
+    measure = _on_clock(lambda candidate, dense: clock(candidate))
 
     sessions: list[int] = []
 

@@ -168,14 +168,23 @@ class BudgetSearch:
         """Every candidate evaluated so far, keyed by its per-group counts."""
         return self.state["evaluations"]
 
+    def _thinned(self, removed: tuple[int, ...]) -> nn.Module:
+        """The dense model thinned by `removed` (build_candidate with the search's groups)."""
+        return build_candidate(self.dense, self.groups, removed, self.rankings,
+                               self.batchnorms, self.inputs)
+
+    def _saved(self) -> None:
+        """Hand the state to `on_evaluation` (the caller checkpoints it), if there is one."""
+        if self.on_evaluation is not None:
+            self.on_evaluation(self.state)
+
     def _evaluate(self, removed: tuple[int, ...], phase: str,
                   quantities: tuple[str, ...]) -> dict[str, Any]:
         key = _key(removed)
         cached = self.evaluations.get(key)
         if cached is not None and all(q in cached["figures"] for q in quantities):
             return cached
-        model = (self.dense if not any(removed) else build_candidate(
-            self.dense, self.groups, removed, self.rankings, self.batchnorms, self.inputs))
+        model = self.dense if not any(removed) else self._thinned(removed)
         scores = dict(self.evaluate(model)) if cached is None else cached
         dense = self.evaluations.get(_key((0,) * len(self.groups)))
         reference = None if model is self.dense or dense is None else dense["figures"]
@@ -190,8 +199,7 @@ class BudgetSearch:
                           for q in quantities if dense and q in dense["figures"])
         LOG.info("budget search (%s): %d channels removed, val top1 %.2f loss %.4f%s", phase,
                  sum(removed), entry["top1"], entry["loss"], f", {shown}" if shown else "")
-        if self.on_evaluation is not None:
-            self.on_evaluation(self.state)
+        self._saved()
         return entry
 
     def dense_entry(self) -> dict[str, Any]:
@@ -231,8 +239,7 @@ class BudgetSearch:
         LOG.info("budget search (probe): %s loses %d of %d channels, val top1 %.2f loss %.4f",
                  self.groups[index].layer, removed[index], self.groups[index].channels,
                  entry["top1"], entry["loss"])
-        if self.on_evaluation is not None:
-            self.on_evaluation(self.state)
+        self._saved()
         return entry
 
     def _latency_prices(self) -> list[float]:
@@ -260,16 +267,14 @@ class BudgetSearch:
                    if "latency" not in self.evaluations[_key(c)]["figures"]]
         for start in range(0, len(missing), PROBES_TIMED_TOGETHER):
             chunk = missing[start:start + PROBES_TIMED_TOGETHER]
-            models = [build_candidate(self.dense, self.groups, removed, self.rankings,
-                                      self.batchnorms, self.inputs) for removed in chunk]
+            models = [self._thinned(removed) for removed in chunk]
             for removed, seconds in zip(chunk, self.measure_latencies(models, dense),
                                         strict=True):
                 entry = self.evaluations[_key(removed)]
                 entry["figures"]["latency"] = float(seconds)
                 LOG.info("budget search (probe): %d channels removed, latency %.3f",
                          sum(removed), seconds / dense["latency"])
-            if self.on_evaluation is not None:
-                self.on_evaluation(self.state)
+            self._saved()
 
     def _order(self) -> list[int]:
         """Group indices, one per channel, in the order the channels are removed."""
@@ -316,8 +321,7 @@ class BudgetSearch:
         if "latency_timings" in entry:
             return entry
         removed = tuple(entry["removed"])
-        model = build_candidate(self.dense, self.groups, removed, self.rankings,
-                                self.batchnorms, self.inputs)
+        model = self._thinned(removed)
         reference = self.dense_entry()["figures"]
         timings = [float(entry["figures"]["latency"])] + [
             float(self.measure(model, ("latency",), reference)["latency"])
@@ -326,8 +330,7 @@ class BudgetSearch:
         entry["figures"]["latency"] = statistics.median(timings)
         LOG.info("budget search (confirm): %d channels removed, latency timed %s of dense",
                  sum(removed), " ".join(f"{t / reference['latency']:.3f}" for t in timings))
-        if self.on_evaluation is not None:
-            self.on_evaluation(self.state)
+        self._saved()
         return entry
 
     def _confirmed(self, order: list[int], taken: int, chosen: dict[str, Any]
@@ -378,7 +381,6 @@ class BudgetSearch:
             chosen = self._rounded(chosen)
         chosen = self._confirmed(order, high, chosen)
         self.state["chosen"] = chosen["removed"]
-        if self.on_evaluation is not None:
-            self.on_evaluation(self.state)
+        self._saved()
         return SearchResult(self.groups, tuple(chosen["removed"]), self.ratios(chosen),
                             self._met(chosen))

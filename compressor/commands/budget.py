@@ -162,15 +162,20 @@ class _SearchSaver:
             budget=state), False)
 
 
+def _timed_by_rank0(time_it: Callable[[], Any]) -> Any:
+    """What `time_it` measures on rank 0, broadcast: every rank decides on the same timing
+    while the others wait (not competing for the CPU)."""
+    return broadcast_object(time_it() if rank() == 0 else None)
+
+
 def _figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetting | None,
              reference: tuple[nn.Module, float] | None) -> dict[str, float]:
-    """Figures on every rank; latency timed by rank 0 alone and broadcast, so all ranks
-    decide on the same figure while the others wait (not competing for the CPU)."""
+    """Figures on every rank; latency timed by rank 0 alone (_timed_by_rank0)."""
     others = tuple(q for q in quantities if q != "latency")
     measured = figures(model, others, None)
     if "latency" in quantities:
-        timed = figures(model, ("latency",), latency, reference) if rank() == 0 else None
-        measured["latency"] = float(broadcast_object(timed)["latency"])
+        timed = _timed_by_rank0(lambda: figures(model, ("latency",), latency, reference))
+        measured["latency"] = float(timed["latency"])
     return measured
 
 
@@ -191,16 +196,16 @@ def _measure_fn(dense: nn.Module, latency: LatencySetting | None, size_scale: fl
 
 def _latencies_fn(dense: nn.Module, latency: LatencySetting | None
                   ) -> Callable[[list[nn.Module], Mapping[str, float]], list[float]] | None:
-    """Several models' latencies timed together with the dense model, by rank 0 alone and
-    broadcast (as _figures)."""
+    """Several models' latencies timed together with the dense model, by rank 0 alone
+    (_timed_by_rank0)."""
     if latency is None:
         return None
 
     def measure_latencies(models: list[nn.Module], dense_figures: Mapping[str, float]
                           ) -> list[float]:
         reference = (dense, float(dense_figures["latency"]))
-        timed = relative_latencies(models, latency, reference) if rank() == 0 else None
-        return [float(seconds) for seconds in broadcast_object(timed)]
+        timed = _timed_by_rank0(lambda: relative_latencies(models, latency, reference))
+        return [float(seconds) for seconds in timed]
     return measure_latencies
 
 
