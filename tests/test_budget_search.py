@@ -311,3 +311,37 @@ def test_latencies_measured_together_come_one_per_model_with_the_reference() -> 
     assert all(m.training for m in models) and reference.training  # modes restored
     alone, none = measure_latencies(models[:1], setting)
     assert len(alone) == 1 and none is None
+
+
+def test_a_group_whose_loss_steepens_past_its_half_keeps_the_channels_beyond_it() -> None:
+    """A second probe, at the most a group may lose, measures how the loss rises past the half:
+    a group nearly free to halve but steep beyond keeps more than half of its channels, where a
+    straight line through the half probe alone would empty it to the floor first."""
+    model, inputs = _model("resnet20_cifar", None)
+    groups = prunable_groups(model, inputs[:2])
+    steep = "layer3.2.conv1"
+    leaders = {g.layer: g.channels for g in groups}
+    assert steep in leaders
+
+    def removed_fraction(candidate: nn.Module, layer: str) -> float:
+        weight = candidate.get_submodule(layer).weight.detach()
+        alive = int((weight.flatten(1).abs().sum(1) > 0).sum())
+        return 1.0 - alive / leaders[layer]
+
+    def evaluate(candidate: nn.Module) -> Mapping[str, float]:
+        loss = 1.0
+        for layer in leaders:
+            fraction = removed_fraction(candidate, layer)
+            if layer == steep:  # 0.01 at the half, then 10 per unit fraction beyond it
+                loss += 0.02 * min(fraction, 0.5) + 10.0 * max(fraction - 0.5, 0.0)
+            else:
+                loss += 0.2 * fraction
+        return {"top1": 50.0, "loss": loss}
+
+    search = BudgetSearch(model, inputs[:2], Budget({"macs": 0.6}), evaluate, _measure)
+    result = search.run()
+    assert result.met, result.ratios
+    removed = dict(zip((g.layer for g in result.groups), result.removed, strict=True))
+    assert 0 < removed[steep] <= leaders[steep] // 2, removed
+    deep = [e for e in search.evaluations.values() if e["phase"] == "deep probe"]
+    assert len(deep) == len(groups)

@@ -1,15 +1,18 @@
 """The budget search: how many channels of each group to remove so every budget holds.
 
-1. Probe: each group alone loses half its channels (its leader's lowest filter norms, masked);
-   the rise of the validation loss is the group's sensitivity. A channel's price is what its
+1. Probe: each group alone loses half its channels (its leader's lowest filter norms, masked),
+   then as many as it may lose (all but `min_keep`); the rises of the validation loss are the
+   group's sensitivity over the first half and beyond it. A channel's price is what its
    removal saves of the budgeted cost: MACs or parameters to first order over every layer
    that produces, reads or passes it (compressor.budget.prices); latency as measured, each
    probe thinned and timed against the dense model (several probes in one session when the
    caller can time models together).
 2. Rank every channel of every group by (sensitivity x the channel's norm relative to its
    layer's mean) / price: a global ranking normalised by each group's cost, never a uniform
-   ratio. Channels of one group keep their leader's order; a group keeps at least
-   `min_keep` of its channels.
+   ratio. A channel past the group's half weighs the rise of the second probe per channel
+   beyond the half (never less than the first half's: a group whose loss steepens keeps its
+   channels, where a straight line through the first probe would empty it). Channels of one
+   group keep their leader's order; a group keeps at least `min_keep` of its channels.
 3. Bisect the number of channels removed along that ranking to the fewest that meet every
    budget, each candidate thinned and measured (latency timed on the thinned model).
 4. Round each group's kept channels up to a multiple of CHANNEL_MULTIPLE, kept where every
@@ -51,7 +54,7 @@ from compressor.utils.errors import UsageError
 __all__ = ["Budget", "SearchResult", "BudgetSearch", "STATE_VERSION", "build_candidate",
            "ranking_quantity", "LatenciesFn"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2: a second, deeper probe per group
 LOG = logging.getLogger("compressor")
 EvaluateFn = Callable[[nn.Module], Mapping[str, float]]
 # (model, quantities, the dense model's figures once measured) -> figures
@@ -221,11 +224,17 @@ class BudgetSearch:
     def _price_quantities(self) -> tuple[str, ...]:
         return tuple(sorted({ranking_quantity(q) for q in self.budget.quantities}))
 
-    def _probe(self, index: int) -> dict[str, Any]:
-        """Validation scores with half the group's channels masked in the dense model (and
-        restored): no thinning needed, the masked model computes what the thinned one would."""
+    def _limit(self, group: ChannelGroup) -> int:
+        """How many of the group's channels may go (it keeps at least min_keep of them)."""
+        return max(0, min(group.channels - 1,
+                          group.channels - math.ceil(self.budget.min_keep * group.channels)))
+
+    def _probe(self, index: int, count: int | None = None) -> dict[str, Any]:
+        """Validation scores with `count` (half by default) of the group's channels masked in
+        the dense model (and restored): no thinning needed, the masked model computes what the
+        thinned one would. The half probe's phase is "probe", a deeper one's "deep probe"."""
         removed = [0] * len(self.groups)
-        removed[index] = self.groups[index].channels // 2
+        removed[index] = self.groups[index].channels // 2 if count is None else count
         key = _key(tuple(removed))
         cached = self.evaluations.get(key)
         if cached is not None:
@@ -233,11 +242,12 @@ class BudgetSearch:
         with group_masked(self.dense, self.groups[index],
                           self.rankings[index][:removed[index]], dict(self.batchnorms)) as model:
             scores = self.evaluate(model)
-        entry = {"removed": removed, "phase": "probe", "top1": float(scores["top1"]),
+        phase = "probe" if count is None else "deep probe"
+        entry = {"removed": removed, "phase": phase, "top1": float(scores["top1"]),
                  "loss": float(scores["loss"]), "figures": {}}
         self.evaluations[key] = entry
-        LOG.info("budget search (probe): %s loses %d of %d channels, val top1 %.2f loss %.4f",
-                 self.groups[index].layer, removed[index], self.groups[index].channels,
+        LOG.info("budget search (%s): %s loses %d of %d channels, val top1 %.2f loss %.4f",
+                 phase, self.groups[index].layer, removed[index], self.groups[index].channels,
                  entry["top1"], entry["loss"])
         self._saved()
         return entry
@@ -285,16 +295,21 @@ class BudgetSearch:
         dense_totals = {q: dense["figures"].get(q) or float(
             figures(self.dense, (q,), None)[q]) for q in self._price_quantities()}
         keyed: list[tuple[float, int, int]] = []
+        floor = 1e-4 * max(dense["loss"], 1e-3)
         for index, group in enumerate(self.groups):
-            probe = self._probe(index)
             price = sum(prices[q][index] / dense_totals[q] for q in self._price_quantities())
-            rise = max(probe["loss"] - dense["loss"], 1e-4 * max(dense["loss"], 1e-3))
+            half, limit = group.channels // 2, self._limit(group)
+            rise_half = max(self._probe(index)["loss"] - dense["loss"], floor)
+            # past the half, the second probe's rise scaled to as many channels as the first's
+            first = second = rise_half
+            if limit > half:
+                rise_deep = self._probe(index, limit)["loss"] - dense["loss"]
+                second = max((rise_deep - rise_half) * half / (limit - half), first)
             norms = leader_norms(self.dense, group)
             relative = norms[self.rankings[index]] / norms.mean().clamp_min(1e-12)
-            limit = min(group.channels - 1,
-                        group.channels - math.ceil(self.budget.min_keep * group.channels))
-            for position in range(max(limit, 0)):
-                score = rise * float(relative[position]) / max(price, 1e-12)
+            for position in range(limit):
+                marginal = first if position < half else second
+                score = marginal * float(relative[position]) / max(price, 1e-12)
                 keyed.append((score, index, position))
         keyed.sort()
         return [index for _, index, _ in keyed]

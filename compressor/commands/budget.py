@@ -26,7 +26,7 @@ from compressor.assembly.state import assemble_checkpoint
 from compressor.budget.groups import ChannelGroup
 from compressor.budget.measure import LatencySetting, figures, relative_latencies
 from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
-from compressor.budget.search import Budget, BudgetSearch
+from compressor.budget.search import STATE_VERSION, Budget, BudgetSearch
 from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
 from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import DatasetSplits
@@ -270,7 +270,7 @@ def _latency_setting(state: Mapping[str, Any], device: Any) -> LatencySetting | 
 
 
 def _new_state(run: BudgetRun, setup: RunSetup, ctx: DistContext) -> dict[str, Any]:
-    state: dict[str, Any] = {"version": 1, "targets": dict(run.budget.targets),
+    state: dict[str, Any] = {"version": STATE_VERSION, "targets": dict(run.budget.targets),
                              "evaluations": {}, "quantize": run.quantize is not None,
                              "max_drop": run.budget.max_drop, "epochs": run.train.epochs,
                              "teacher": _teacher(run, setup),
