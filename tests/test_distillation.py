@@ -99,7 +99,7 @@ def test_teacher_is_frozen_outside_the_student_and_gets_no_gradients(teacher_pat
     student = _digits_student()
     keys_before = list(student.state_dict())
     distillation = _start(teacher_path, student, temperature=4.0)
-    teacher = distillation.teacher.model
+    teacher = distillation.teacher.inference
     weights_before = {k: v.clone() for k, v in teacher.state_dict().items()}
     student_before = {k: v.clone() for k, v in student.state_dict().items()}
     generator = torch.Generator().manual_seed(0)
@@ -110,7 +110,7 @@ def test_teacher_is_frozen_outside_the_student_and_gets_no_gradients(teacher_pat
     train_one_epoch(trained, batches, distillation.loss_for_epoch(0), optimizer, CPU, 0)
     assert not teacher.training and all(not p.requires_grad for p in teacher.parameters())
     assert all(p.grad is None for p in teacher.parameters())
-    for key, value in teacher.state_dict().items():  # BN running stats too: eval mode
+    for key, value in teacher.state_dict().items():  # every weight and buffer that runs
         assert torch.equal(value, weights_before[key]), key
     assert any(not torch.equal(v, student_before[k]) for k, v in student.state_dict().items())
     # the teacher is in no state_dict: not the student's, not the wrapper's
@@ -189,7 +189,7 @@ def test_an_rgb_student_feeds_a_grayscale_teacher_luminance(tmp_path: Path) -> N
     seen = _capture_teacher_input(distillation, _normalize(raw, cifar))
     gray = (0.2989 * raw[:, 0:1] + 0.587 * raw[:, 1:2] + 0.114 * raw[:, 2:3])
     gray = F.interpolate(gray, size=(28, 28), mode="bilinear", antialias=True)
-    mnist = description_of(distillation.teacher.model).input_spec
+    mnist = distillation.teacher.description.input_spec
     assert seen.shape == (2, 1, 28, 28)
     assert torch.allclose(seen, _normalize(gray, mnist), atol=1e-5)
 
@@ -203,7 +203,7 @@ def test_a_pretrained_googlenet_teacher_sees_its_05_normalization(torch_home: Pa
     student = create_model("squeezenet1_1", "imagenet")
     config = DistillationConfig(teacher=ModelRequest(arch="googlenet", pretrained=True))
     distillation = Distillation.start(config, student, cross_entropy, CPU)
-    assert torch.equal(distillation.teacher.model.fc.weight, planted.fc.weight)
+    assert torch.equal(distillation.teacher.inference.model.fc.weight, planted.fc.weight)
     student_spec = description_of(student).input_spec
     assert student_spec.mean == IMAGENET_MEAN and student_spec.std == IMAGENET_STD
     raw = torch.rand(1, 3, 224, 224, generator=torch.Generator().manual_seed(0))
@@ -277,8 +277,8 @@ def test_a_bare_state_dict_teacher_needs_its_arch(tmp_path: Path) -> None:
         _start(path, student)
     config = DistillationConfig(teacher=ModelRequest(arch="simplenet_mnist", checkpoint=path))
     distillation = Distillation.start(config, student, cross_entropy, CPU)
-    assert torch.equal(distillation.teacher.model.fc2.weight, teacher.fc2.weight)
-    assert description_of(distillation.teacher.model).dataset == "fashion-mnist"
+    assert torch.equal(distillation.teacher.inference.model.fc2.weight, teacher.fc2.weight)
+    assert distillation.teacher.description.dataset == "fashion-mnist"
     assert distillation.record()["teacher_weights"] == "weights"
 
 

@@ -52,7 +52,7 @@ from compressor.thinning.thin import find_thinning
 from compressor.utils.errors import UsageError
 
 __all__ = ["Budget", "SearchResult", "BudgetSearch", "STATE_VERSION", "build_candidate",
-           "ranking_quantity", "LatenciesFn"]
+           "ranking_quantity", "LatenciesFn", "LATENCY_SEARCH_MARGIN"]
 
 STATE_VERSION = 2  # 2: a second, deeper probe per group
 LOG = logging.getLogger("compressor")
@@ -67,9 +67,11 @@ PROBES_TIMED_TOGETHER = 8
 # Kept channel counts are rounded up to multiples of this where the budgets still hold
 # (oneDNN's CPU convolutions block channels by 8 (AVX2) or 16 (AVX-512), tensor cores by 8)
 CHANNEL_MULTIPLE = 8
-# Timings vary by a few percent from run to run: the search aims this much under a latency
-# target, so the fine-tuned model, timed again, still meets it.
-LATENCY_SEARCH_MARGIN = 0.97
+# Timings vary by a few percent from run to run, and a shared machine's dense-to-thinned ratio
+# drifts over an hour: the search aims this much under a latency target, so the fine-tuned
+# model, timed again later, still meets it (at 3% under, a benchmark's side-by-side timing an
+# hour later found one of six confirmed 0.466-0.489x models at 0.501x)
+LATENCY_SEARCH_MARGIN = 0.95
 # A latency choice is timed this many times more (its figure becomes the median of all its
 # timings) before it is kept: bisection keeps the first candidate whose one timing fell under
 # the aim, and a timing that fell there by chance is not confirmed. At most CONFIRM_STEPS

@@ -49,19 +49,16 @@ class TeacherSource:
 
 
 class Teacher:
-    """A frozen teacher: eval mode, no gradients, fed its own preprocessing."""
+    """A frozen teacher: eval mode, no gradients, fed its own preprocessing. It holds only its
+    inference copy (batch norms folded, channels-last), not the model it was built from: one
+    copy of the teacher's weights in memory."""
 
     def __init__(self, model: nn.Module, adapter: InputAdapter, source: TeacherSource) -> None:
-        self.model = model.eval().requires_grad_(False)
+        self.description: ModelDescription = description_of(model)
         # what computes the logits: the same function, batch norms folded, channels-last
-        self.inference = inference_copy(self.model)
+        self.inference = inference_copy(model.eval().requires_grad_(False))
         self.adapter = adapter
         self.source = source
-
-    @property
-    def description(self) -> ModelDescription:
-        """The teacher model's description (arch, classes, input spec, ...)."""
-        return description_of(self.model)
 
     def logits(self, inputs: Tensor) -> Tensor:
         """The teacher's main logits for a batch normalized for the student."""
