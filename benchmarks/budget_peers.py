@@ -85,7 +85,6 @@ def uniform_fraction(dense: nn.Module, quantity: str, target: float
         "evaluations": len(ratios)}
 
 
-
 class TorchPruningWalk:
     """Torch-Pruning's global L1 pruning of a copy of the dense model, stepped on demand; the
     model after every step is kept, so a bisection over steps re-prunes nothing."""

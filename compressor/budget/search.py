@@ -303,14 +303,14 @@ class BudgetSearch:
             half, limit = group.channels // 2, self._limit(group)
             rise_half = max(self._probe(index)["loss"] - dense["loss"], floor)
             # past the half, the second probe's rise scaled to as many channels as the first's
-            first = second = rise_half
+            rise_beyond = rise_half
             if limit > half:
                 rise_deep = self._probe(index, limit)["loss"] - dense["loss"]
-                second = max((rise_deep - rise_half) * half / (limit - half), first)
+                rise_beyond = max((rise_deep - rise_half) * half / (limit - half), rise_half)
             norms = leader_norms(self.dense, group)
             relative = norms[self.rankings[index]] / norms.mean().clamp_min(1e-12)
             for position in range(limit):
-                marginal = first if position < half else second
+                marginal = rise_half if position < half else rise_beyond
                 score = marginal * float(relative[position]) / max(price, 1e-12)
                 keyed.append((score, index, position))
         keyed.sort()
