@@ -87,14 +87,17 @@ PTQ_8_FAST = ("--qe", "--qe-mode-acts", "asym_u", "--qe-mode-wts", "sym", *AVG_C
               "--qe-convert-pytorch")
 FINE_TUNED = "fp32-ft"  # fine-tuned rows compare with fp32 fine-tuned alike (same epochs, LR)
 # torch.ao's (and the FX anchor's) own recipe: asymmetric activations, symmetric per-channel
-# weights, min/max ranges
-PTQ_8_TORCH_RECIPE = ("--qe", "--qe-mode-acts", "asym_u", "--qe-mode-wts", "sym",
-                      "--qe-per-channel", "--qe-convert-pytorch")
-EXPORTED_CONFIG = "ptq8ao"  # the configuration also exported as QDQ ONNX and run elsewhere
+# weights, activation ranges of least squared error on a histogram (its HistogramObserver)
+PTQ_8_MIN_MAX = ("--qe", "--qe-mode-acts", "asym_u", "--qe-mode-wts", "sym", "--qe-per-channel",
+                 "--qe-convert-pytorch")
+PTQ_8_TORCH_RECIPE = (*PTQ_8_MIN_MAX, "--qe-clip-acts", "mse")
+EXPORTED_CONFIG = "ptq8mse"  # the configuration also exported as QDQ ONNX and run elsewhere
 CONFIGS = (
     Config("fp32", "fp32"),
-    Config(EXPORTED_CONFIG, "PTQ 8/8 asym_u acts, sym per-channel wts (torch.ao's recipe)", "fp32",
-           qe_flags=PTQ_8_TORCH_RECIPE),
+    Config(EXPORTED_CONFIG, "PTQ 8/8 asym_u acts, sym per-channel wts, MSE (torch.ao's recipe)",
+           "fp32", qe_flags=PTQ_8_TORCH_RECIPE),
+    Config("ptq8ao", "PTQ 8/8 asym_u acts, sym per-channel wts, min/max", "fp32",
+           qe_flags=PTQ_8_MIN_MAX),
     Config("ptq8", "PTQ 8/8 sym, per-tensor", "fp32", qe_flags=PTQ_8_PER_TENSOR),
     Config("ptq8pc", "PTQ 8/8 asym_u, per-channel, AVG clip", "fp32",
            qe_flags=PTQ_8_PER_CHANNEL),

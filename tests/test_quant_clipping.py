@@ -112,8 +112,8 @@ def test_n_std_without_clip_n_stds_is_refused():
 
 
 def test_parse_clip_mode():
-    assert [parse_clip_mode(n) for n in ("none", "avg", "n_std", "gauss", "laplace")] == \
-        list(ClipMode)
+    assert [parse_clip_mode(n) for n in ("none", "avg", "n_std", "gauss", "laplace", "mse")] \
+        == list(ClipMode)
     assert parse_clip_mode("Laplace") is ClipMode.LAPLACE
     with pytest.raises(QuantizationError, match="unknown clip mode 'lapace'.*'LAPLACE'") as info:
         parse_clip_mode("lapace")

@@ -12,6 +12,7 @@ import yaml
 from torch import nn
 
 from compressor.quantization import (
+    HISTOGRAM_BINS,
     STAT_KEYS,
     QuantizationError,
     collect_stats,
@@ -31,11 +32,13 @@ def test_tensor_stats_hand_worked():
     t = torch.tensor([[-1.0, 2.0], [-3.0, 0.5]])
     record = tensor_stats(t)
     # per-sample mins -1, -3 and maxes 2, 0.5; mean -0.375; deviations 0.625, 2.375, 2.625, 0.875
-    assert record == pytest.approx({
+    assert without_histogram(record) == pytest.approx({
         "min": -3.0, "max": 2.0, "avg_min": -2.0, "avg_max": 1.25, "mean": -0.375,
         "std": (13.6875 / 4) ** 0.5,  # population std (squared deviations sum to 13.6875)
         "b": 6.5 / 4, "shape": "(2, 2)"})
-    assert list(record) == [*STAT_KEYS, "shape"]  # Distiller's key order
+    assert list(record) == [*STAT_KEYS, "shape", "histogram"]  # Distiller's key order, then ours
+    # -3 in the first bin, 2 in the last, -1 and 0.5 at 2/5 and 7/10 of the way
+    assert [i for i, n in enumerate(record["histogram"]) if n] == [0, 204, 358, 511]
     # one value per sample: min / max over the batch instead (as Distiller)
     record = tensor_stats(torch.tensor([[1.0], [-2.0], [5.0]]))
     assert (record["avg_min"], record["avg_max"]) == (-2.0, 5.0)
@@ -60,6 +63,16 @@ BATCHES = [torch.tensor([[-1.0, 2.0], [-3.0, 0.5]]), torch.tensor([[4.0, -2.0]])
 VALUES = [-1.0, 2.0, -3.0, 0.5, 4.0, -2.0]
 
 
+def histogram(values: list[float]) -> list[int]:
+    """The counts of `values` in HISTOGRAM_BINS equal bins over [min, max] (the last bin holds
+    the max)."""
+    low, high = min(values), max(values)
+    counts = [0] * HISTOGRAM_BINS
+    for v in values:
+        counts[min(int((v - low) * HISTOGRAM_BINS / (high - low)), HISTOGRAM_BINS - 1)] += 1
+    return counts
+
+
 def expected(values: list[float], mins: list[float], maxes: list[float], shape: str) -> dict:
     """A record worked from the plain list of values of every batch."""
     mean = statistics.fmean(values)
@@ -68,19 +81,30 @@ def expected(values: list[float], mins: list[float], maxes: list[float], shape: 
             "b": statistics.fmean(abs(v - mean) for v in values), "shape": shape}
 
 
+def without_histogram(record: dict) -> dict:
+    """The record's numbers (pytest.approx compares no lists inside a dict)."""
+    return {k: v for k, v in record.items() if k != "histogram"}
+
+
+def same(record: dict, values: list[float], mins: list[float], maxes: list[float],
+         shape: str) -> bool:
+    """Whether `record` holds the statistics worked from the plain list of values."""
+    return (without_histogram(record) == pytest.approx(expected(values, mins, maxes, shape))
+            and record["histogram"] == histogram(values))
+
+
 def test_collect_stats_over_batches_with_hooks():
     model = Tiny().train()
     stats = collect_stats(model, BATCHES)
     assert list(stats) == ["fc", "relu"]  # leaf modules by qualified name, no Identity
-    fc_in = expected(VALUES, [-1.0, -3.0, -2.0], [2.0, 0.5, 4.0], "(2, 2)")
-    fc_out = expected([2 * v for v in VALUES], [-2.0, -6.0, -4.0], [4.0, 1.0, 8.0], "(2, 2)")
-    relu_out = expected([max(0.0, 2 * v) for v in VALUES], [0.0, 0.0, 0.0], [4.0, 1.0, 8.0],
-                        "(2, 2)")
-    assert stats["fc"]["inputs"][0] == pytest.approx(fc_in)
-    assert stats["fc"]["output"] == pytest.approx(fc_out)
+    fc_in = (VALUES, [-1.0, -3.0, -2.0], [2.0, 0.5, 4.0], "(2, 2)")
+    fc_out = ([2 * v for v in VALUES], [-2.0, -6.0, -4.0], [4.0, 1.0, 8.0], "(2, 2)")
+    relu_out = ([max(0.0, 2 * v) for v in VALUES], [0.0, 0.0, 0.0], [4.0, 1.0, 8.0], "(2, 2)")
+    assert same(stats["fc"]["inputs"][0], *fc_in)
+    assert same(stats["fc"]["output"], *fc_out)
     # the in-place ReLU's input is measured before it overwrites it
-    assert stats["relu"]["inputs"][0] == pytest.approx(fc_out)
-    assert stats["relu"]["output"] == pytest.approx(relu_out)
+    assert same(stats["relu"]["inputs"][0], *fc_out)
+    assert same(stats["relu"]["output"], *relu_out)
     # the model is back in training mode and carries no hooks
     assert model.training and model.fc.training
     assert not model.fc._forward_hooks and not model.fc._forward_pre_hooks

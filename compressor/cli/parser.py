@@ -21,7 +21,7 @@ SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 SUMMARY_CHOICES = ("sparsity", "compute", "model", "modules")
 SENSE_CHOICES = ("element", "filter", "channel")
 QE_MODES = ("sym", "sym_restr", "asym_u", "asym_s")
-QE_CLIP_MODES = ("none", "avg", "n_std", "gauss", "laplace")
+QE_CLIP_MODES = ("none", "avg", "n_std", "gauss", "laplace", "mse")
 QE_BACKENDS = ("x86", "fbgemm", "qnnpack")
 CALIBRATION_SPLITS = ("train", "test")
 MAX_QUANT_BITS = 16
@@ -221,7 +221,9 @@ def _add_quantization_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--qe-bits-accum", dest="qe_bits_accum", type=integer(1, 32),
                        default=32, help="bits of the accumulator (default 32)")
     group.add_argument("--qe-clip-acts", "--qeca", dest="qe_clip_acts", choices=QE_CLIP_MODES,
-                       default="none", help="activation clipping (default none)")
+                       default="none", help="activation clipping (default none; mse: the range "
+                       "of least squared error on the calibration histogram, as torch.ao's "
+                       "HistogramObserver)")
     group.add_argument("--qe-clip-n-stds", dest="qe_clip_n_stds",
                        type=real(0.0, None, low_open=True), default=None,
                        help="with --qe-clip-acts n_std: clip at mean +- N standard deviations")

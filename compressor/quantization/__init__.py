@@ -6,9 +6,11 @@ from compressor.quantization.clipping import (
     ALPHA_GAUSS_POSITIVE,
     ALPHA_LAPLACE,
     ALPHA_LAPLACE_POSITIVE,
+    HISTOGRAM_BINS,
     ClipMode,
     aciq_alpha,
     check_clip_n_stds,
+    histogram_range,
     parse_clip_mode,
     stats_range,
     tensor_range,
@@ -89,6 +91,7 @@ __all__ = [
     # clipping
     "ClipMode", "parse_clip_mode", "check_clip_n_stds", "ALPHA_GAUSS", "ALPHA_GAUSS_POSITIVE",
     "ALPHA_LAPLACE", "ALPHA_LAPLACE_POSITIVE", "aciq_alpha", "stats_range", "tensor_range",
+    "HISTOGRAM_BINS", "histogram_range",
     # stats
     "STATS_FILE_NAME", "STAT_KEYS", "ActivationStats", "load_stats", "parse_stats", "dump_stats",
     "save_stats", "tensor_stats", "collect_stats",

@@ -1,18 +1,25 @@
 """Activation clipping as Distiller does it: the (min, max) to quantize, from stats or a tensor.
 
-Clip modes (Distiller's ClipMode; command-line names none, avg, n_std, gauss, laplace):
+Clip modes (Distiller's ClipMode; command-line names none, avg, n_std, gauss, laplace, mse):
 
     NONE     the absolute min / max
     AVG      the average over samples of each sample's min / max (avg_min / avg_max)
     N_STD    mean -/+ clip_n_stds * std, never beyond min / max
     GAUSS    ACIQ's optimal clip for a Gaussian: alpha = ALPHA_GAUSS[bits] * std
     LAPLACE  ACIQ's optimal clip for a Laplace: alpha = ALPHA_LAPLACE[bits] * b (b: mean |x - mean|)
+    MSE      the range of least expected squared error on the grid, from the tensor's histogram
+             (the criterion of torch.ao's HistogramObserver, FX's default; not in Distiller)
 
 ACIQ (Banner et al., "Post-training 4-bit quantization ...", arXiv:1810.05723) as Distiller applies
 it: symmetric modes clip to -/+(|mean| + alpha); asymmetric ones to [lo, lo + 2 alpha] with
 lo = max(avg_min, mean - alpha), or [lo, lo + alpha] with the `_POSITIVE` tables for half-range
 (non-negative, post-ReLU) tensors. The tables are ACIQ's and stop at 8 bits: GAUSS / LAPLACE at
 more bits are refused (Distiller failed there with a KeyError).
+
+MSE scores every range [lo, hi] between two of the histogram's bin edges (widened to hold 0 in
+asymmetric modes, -t..t in symmetric ones) by the error it would leave: step^2 / 12 for each value
+inside (rounding), the squared distance to the edge for each value outside (clipping), values at
+their bin's centre; it keeps the least. Prefix sums make that a few vector operations.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from compressor.quantization.range_linear import LinearQuantMode, check_bits, pa
 __all__ = [
     "ClipMode", "parse_clip_mode", "check_clip_n_stds", "ALPHA_GAUSS", "ALPHA_GAUSS_POSITIVE",
     "ALPHA_LAPLACE", "ALPHA_LAPLACE_POSITIVE", "aciq_alpha", "stats_range", "tensor_range",
+    "HISTOGRAM_BINS", "histogram_range",
 ]
 
 
@@ -44,7 +52,10 @@ class ClipMode(Enum):
     N_STD = 2
     GAUSS = 3
     LAPLACE = 4
+    MSE = 5  # ours: Distiller has no histogram mode
 
+
+HISTOGRAM_BINS = 512  # bins of an activation's histogram over [min, max] (MSE clipping)
 
 # ACIQ's optimal clipping value / (std for Gauss, b for Laplace), by bit width, as in Distiller;
 # the _POSITIVE tables are for half-range tensors (one bit more of resolution on one side).
@@ -97,6 +108,52 @@ def aciq_alpha(clip: ClipMode | str, num_bits: int, half_range: bool = False) ->
     return table[bits]
 
 
+def histogram_range(counts: Tensor, low: float, high: float, num_bits: int,
+                    mode: LinearQuantMode | str) -> tuple[float, float]:
+    """The (min, max) of least expected squared error on a `num_bits` grid of `mode`, for values
+    counted in `counts` (equal bins over [low, high])."""
+    bits, mode = check_bits(num_bits), parse_quant_mode(mode)
+    counts = counts.detach().to("cpu", torch.float64).flatten()
+    if counts.numel() == 0 or not high > low or not float(counts.sum()) > 0:
+        return low, high
+    edges = torch.linspace(low, high, counts.numel() + 1, dtype=torch.float64)
+    centers = (edges[:-1] + edges[1:]) / 2
+    start = torch.zeros(1, dtype=torch.float64)
+    # prefix sums of the counts and of their first and second moments: [0, bin 0, bins 0-1, ...]
+    n, s1, s2 = (torch.cat([start, (counts * centers ** k).cumsum(0)]) for k in range(3))
+    if mode.symmetric:
+        edge = torch.cat([edges.abs(), torch.tensor([max(-low, high)], dtype=torch.float64)])
+        lo, hi = -edge, edge
+        steps = (2 ** (bits - 1) - 1 if mode is LinearQuantMode.SYMMETRIC_RESTRICTED
+                 else (2 ** bits - 1) / 2)
+        step = edge / steps
+    else:  # every pair of edges, widened to hold 0 as quant_params widens them
+        lo = edges.clamp(max=0).unsqueeze(1).expand(-1, edges.numel()).flatten()
+        hi = edges.clamp(min=0).unsqueeze(0).expand(edges.numel(), -1).flatten()
+        step = (hi - lo) / (2 ** bits - 1)
+    below = torch.searchsorted(centers, lo)  # bins whose centre lies under lo
+    inside_end = torch.searchsorted(centers, hi, right=True)
+    clipped_low = lo ** 2 * n[below] - 2 * lo * s1[below] + s2[below]
+    clipped_high = (hi ** 2 * (n[-1] - n[inside_end]) - 2 * hi * (s1[-1] - s1[inside_end])
+                    + (s2[-1] - s2[inside_end]))
+    error = clipped_low + clipped_high + (n[inside_end] - n[below]) * step ** 2 / 12
+    error = torch.where(hi > lo, error, torch.full_like(error, math.inf))
+    best = int(torch.argmin(error))
+    return float(lo[best]), float(hi[best])
+
+
+def _histogram(stats: Mapping[str, Any]) -> Tensor:
+    """The histogram of a stats record, or a one-line error saying how to get one."""
+    counts = stats.get("histogram")
+    if (not isinstance(counts, (list, tuple)) or not counts
+            or not all(isinstance(c, numbers.Real) and not isinstance(c, bool)
+                       and math.isfinite(c) and c >= 0 for c in counts)):
+        raise QuantizationError("the activation statistics lack a 'histogram' of counts, which "
+                                "clip mode MSE needs (Distiller's statistics have none); collect "
+                                "the statistics again with --qe-calibration")
+    return torch.tensor(counts, dtype=torch.float64)
+
+
 def _stat(stats: Mapping[str, Any], key: str, clip: ClipMode) -> float:
     """One number of a stats record, or a one-line error naming the key and the clip mode."""
     value = stats.get(key)
@@ -121,6 +178,8 @@ def stats_range(stats: Mapping[str, Any], clip: ClipMode | str, mode: LinearQuan
     bits = check_bits(num_bits)
     prefix = "avg_" if clip is ClipMode.AVG else ""
     low, high = _stat(stats, prefix + "min", clip), _stat(stats, prefix + "max", clip)
+    if clip is ClipMode.MSE:
+        return histogram_range(_histogram(stats), low, high, bits, mode)
     if n_stds is not None:
         mean, std = _stat(stats, "mean", clip), _stat(stats, "std", clip)
         return max(low, mean - n_stds * std), min(high, mean + n_stds * std)
@@ -165,6 +224,11 @@ def tensor_range(t: Tensor, clip: ClipMode | str, mode: LinearQuantMode | str, n
         flat = x.reshape(x.shape[0], -1) if x.dim() > 0 else x.reshape(1, 1)
         return flat.min(dim=1).values.mean(), flat.max(dim=1).values.mean()
     low, high = x.min(), x.max()
+    if clip is ClipMode.MSE:
+        counts = torch.histc(x.float(), HISTOGRAM_BINS, float(low), float(high))
+        best = histogram_range(counts, float(low), float(high), bits, mode)
+        return (torch.tensor(best[0], dtype=x.dtype, device=x.device),
+                torch.tensor(best[1], dtype=x.dtype, device=x.device))
     if n_stds is not None:
         mean, std = x.mean(), x.std()
         return torch.maximum(low, mean - n_stds * std), torch.minimum(high, mean + n_stds * std)

@@ -20,7 +20,7 @@ import torch.fx
 from torch import Tensor, nn
 
 from compressor.models.layers.eltwise import Concat
-from compressor.quantization.clipping import stats_range
+from compressor.quantization.clipping import ClipMode, parse_clip_mode, stats_range
 from compressor.quantization.errors import MissingStatisticsError, QuantizationError, shown
 from compressor.quantization.fusion import (
     Fusion,
@@ -293,6 +293,7 @@ class PostTrainLinearQuantizer:
         self.fusions: list[Fusion] = []
         self.sources: dict[str, list[str | None]] | None = None
         self.graph: int | None = None  # GRAPH_VERSION when the model was explicit_graph's
+        self.histograms = False  # whether a layer clips by histogram (MSE): the recipe keeps them
 
     def quantize(self, model: nn.Module) -> nn.Module:
         """Fold, fuse and wrap `model` in place; returns it in eval mode."""
@@ -307,6 +308,7 @@ class PostTrainLinearQuantizer:
         if graph is not None:
             self.sources = input_sources(model, graph, quantizable_modules(model), self.fusions)
         layers = resolve_layers(model, self.settings)
+        self.histograms = _clips_by_histogram(layers)
         self.fusions = [f if f.activation is None or _can_fuse(layers, f) else
                         Fusion(f.layer, f.batchnorm, None) for f in self.fusions]
         self.fusions = [f for f in self.fusions if f.batchnorm or f.activation]
@@ -320,7 +322,7 @@ class PostTrainLinearQuantizer:
         return {
             "version": RECIPE_VERSION,
             "settings": self.settings.to_recipe(),
-            "stats": None if self.stats is None else _plain_stats(self.stats),
+            "stats": None if self.stats is None else _plain_stats(self.stats, self.histograms),
             "dynamic": self.dynamic,
             "fusions": fusions_to_recipe(self.fusions),
             "sources": None if self.sources is None else {k: list(v)
@@ -339,10 +341,22 @@ def _can_fuse(layers: Mapping[str, LayerSettings], fusion: Fusion) -> bool:
             and layer.mode.activations == activation.mode.activations)
 
 
-def _plain_stats(stats: ActivationStats) -> dict[str, Any]:
-    """Stats with string input indices (JSON/YAML friendly)."""
-    return {name: {"inputs": {str(i): dict(r) for i, r in entry.get("inputs", {}).items()},
-                   "output": dict(entry["output"])} for name, entry in stats.items()}
+def _clips_by_histogram(layers: Mapping[str, LayerSettings]) -> bool:
+    """Whether any layer or input override clips by histogram (MSE)."""
+    return any(layer.clip_acts is ClipMode.MSE
+               or any(parse_clip_mode(o.get("clip_acts", ClipMode.NONE)) is ClipMode.MSE
+                      for o in layer.input_overrides.values())
+               for layer in layers.values())
+
+
+def _plain_stats(stats: ActivationStats, histograms: bool) -> dict[str, Any]:
+    """Stats with string input indices (JSON/YAML friendly); histograms only where asked (a
+    checkpoint of a model that clips by no histogram does not carry them)."""
+    def plain(record: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in record.items() if histograms or k != "histogram"}
+
+    return {name: {"inputs": {str(i): plain(r) for i, r in entry.get("inputs", {}).items()},
+                   "output": plain(entry["output"])} for name, entry in stats.items()}
 
 
 def quantize_from_recipe(model: nn.Module, recipe: Mapping[str, Any]) -> nn.Module:

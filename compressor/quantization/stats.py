@@ -10,8 +10,10 @@ A stats file maps each module's qualified name to the statistics of its inputs a
 `avg_min` / `avg_max` average each sample's min / max, `std` is the population standard deviation
 and `b` the mean absolute deviation (the Laplace scale ACIQ uses), both around the final mean, as
 Distiller's QuantCalibrationStatsCollector computes them: so `collect_stats` makes two passes over
-the batches (min, max, averages and mean; then std and b), and `load_stats` reads the files that
-Distiller's `--qe-calibration` wrote unchanged (`module.` prefixes are dropped from names).
+the batches (min, max, averages and mean; then std, b and the histogram), and `load_stats` reads
+the files that Distiller's `--qe-calibration` wrote unchanged (`module.` prefixes are dropped from
+names). `histogram` (ours, optional) counts the values in HISTOGRAM_BINS equal bins over
+[min, max], for clip mode MSE; Distiller's files have none.
 
 Names are the model's own qualified module names. Distiller's files also hold entries such as
 `layer1.0.add` because its models make residual additions and concatenations explicit modules;
@@ -36,6 +38,7 @@ import yaml
 from torch import Tensor, nn
 
 from compressor.models.description import unwrap_model
+from compressor.quantization.clipping import HISTOGRAM_BINS
 from compressor.quantization.errors import QuantizationError, shown
 from compressor.utils.atomic_io import atomic_write_text
 
@@ -46,7 +49,8 @@ __all__ = [
 
 STATS_FILE_NAME = "acts_quantization_stats.yaml"  # Distiller's name, in the run directory
 STAT_KEYS = ("min", "max", "avg_min", "avg_max", "mean", "std", "b")
-_OPTIONAL_KEYS = ("shape", "total_numel")  # total_numel: written by later Distiller versions
+# total_numel: written by later Distiller versions; histogram: ours, for clip mode MSE
+_OPTIONAL_KEYS = ("shape", "total_numel", "histogram")
 _LAYER_KEYS = ("inputs", "output")
 _PREFIXES = ("module.", "_orig_mod.")
 
@@ -102,12 +106,24 @@ def _record(raw: Any, where: _Where) -> dict[str, Any]:
             raise where.fail(f"'{key}' is negative ({record[key]})")
     if "total_numel" in raw:
         _number(raw["total_numel"], "total_numel", where)
+    if "histogram" in raw:
+        record["histogram"] = _counts(raw["histogram"], where)
     if "shape" in raw:
         if not isinstance(raw["shape"], str):
             raise where.fail(f"'shape' is not a string like '(256, 64, 56, 56)' "
                              f"({shown(raw['shape'])})")
         record["shape"] = raw["shape"]
     return record
+
+
+def _counts(raw: Any, where: _Where) -> list[int | float]:
+    """A histogram: a non-empty list of non-negative counts."""
+    if not isinstance(raw, (list, tuple)) or not raw:
+        raise where.fail(f"'histogram' is not a list of counts ({shown(raw)})")
+    counts = [_number(count, "histogram", where) for count in raw]
+    if min(counts) < 0:
+        raise where.fail("'histogram' has a negative count")
+    return [int(c) if c.is_integer() else c for c in counts]
 
 
 def _input_index(key: Any, where: _Where) -> int:
@@ -195,7 +211,15 @@ def dump_stats(stats: Mapping[str, Any]) -> str:
     for layer in clean.values():
         if not layer["inputs"]:
             del layer["inputs"]  # Distiller leaves out the inputs of a module that has none
-    return yaml.safe_dump(clean, sort_keys=False, default_flow_style=False)
+    return yaml.dump(clean, Dumper=_StatsDumper, sort_keys=False, default_flow_style=False)
+
+
+class _StatsDumper(yaml.SafeDumper):
+    """YAML's safe dumper writing lists (histograms) on one line."""
+
+
+_StatsDumper.add_representer(list, lambda dumper, value: dumper.represent_sequence(
+    "tag:yaml.org,2002:seq", value, flow_style=True))
 
 
 def save_stats(stats: Mapping[str, Any], path: str | os.PathLike[str]) -> None:
@@ -220,6 +244,8 @@ class _Running:
         self.numel = 0
         self.numel_second = 0
         self.mean: Tensor | None = None  # after the first pass
+        self.bounds: tuple[float, float] | None = None  # (min, max) after the first pass
+        self.counts: Tensor | None = None  # the histogram over bounds, in float64
         self.shape = ""
 
     def first(self, tensor: Tensor, memo: _Memo | None = None) -> None:
@@ -241,21 +267,25 @@ class _Running:
         """Fix the mean that the second pass measures deviations from."""
         if self.numel:
             self.mean = self.sums[2] / self.numel
+        if self.low is not None and self.high is not None:
+            self.bounds = (float(self.low), float(self.high))
 
     def second(self, tensor: Tensor, memo: _Memo | None = None) -> None:
         """Pass two: squared and absolute deviations from the mean."""
-        mean = self.mean
-        if mean is None:
+        mean, bounds = self.mean, self.bounds
+        if mean is None or bounds is None:
             return
         if memo is not None and tensor.device.type == "cpu":  # keyed by the mean: no host sync
-            part = memo.get(tensor, float(mean), lambda x: _second_part(x, mean))
+            part = memo.get(tensor, (float(mean), bounds),
+                            lambda x: _second_part(x, mean, bounds))
         else:
-            part = _second_part(tensor, mean)
+            part = _second_part(tensor, mean, bounds)
         if part is None:
             return
-        absolute, squared, numel = part
+        absolute, squared, counts, numel = part
         self._add(4, absolute)
         self._add(3, squared)
+        self.counts = counts if self.counts is None else self.counts + counts.to(self.counts)
         self.numel_second += numel
 
     def _add(self, slot: int, value: Tensor) -> None:
@@ -274,6 +304,8 @@ class _Running:
             "mean": float(self.sums[2]) / self.numel,
             "std": math.sqrt(float(self.sums[3]) / second), "b": float(self.sums[4]) / second,
             "shape": self.shape,
+            **({} if self.counts is None else
+               {"histogram": [int(c) for c in self.counts.round().tolist()]}),
         }
 
 
@@ -290,9 +322,10 @@ def _first_part(tensor: Tensor) -> tuple[Any, ...] | None:
             maxes.sum(dtype=torch.float64), _row_sums(act), mins.numel(), act.numel())
 
 
-def _second_part(tensor: Tensor, mean: Tensor) -> tuple[Tensor, Tensor, int] | None:
+def _second_part(tensor: Tensor, mean: Tensor, bounds: tuple[float, float]
+                 ) -> tuple[Tensor, Tensor, Tensor, int] | None:
     """Pass two's figures of one tensor: sums of absolute and squared deviations from `mean`,
-    values (None if empty)."""
+    its histogram over `bounds`, values (None if empty)."""
     act = _rows(tensor)
     if act.numel() == 0:
         return None
@@ -302,7 +335,19 @@ def _second_part(tensor: Tensor, mean: Tensor) -> tuple[Tensor, Tensor, int] | N
     absolute = torch.linalg.vector_norm(deviation, 1, dim=1, dtype=dtype).sum(dtype=torch.float64)
     squared = torch.linalg.vector_norm(deviation, 2, dim=1, dtype=dtype).square().sum(
         dtype=torch.float64)
-    return absolute, squared, act.numel()
+    return absolute, squared, _histogram(act, bounds), act.numel()
+
+
+def _histogram(rows: Tensor, bounds: tuple[float, float]) -> Tensor:
+    """The counts of `rows` in HISTOGRAM_BINS equal bins over `bounds`, in float64 (histc counts
+    in the input's float dtype: a few rows at a time, so every count stays exact in float32)."""
+    counts = torch.zeros(HISTOGRAM_BINS, dtype=torch.float64, device=rows.device)
+    chunk = max(1, 2 ** 24 // max(rows.shape[1], 1))
+    for start in range(0, rows.shape[0], chunk):
+        part = rows[start:start + chunk]
+        part = part if part.dtype in (torch.float32, torch.float64) else part.float()
+        counts += torch.histc(part, HISTOGRAM_BINS, *bounds).to(torch.float64)
+    return counts
 
 
 class _Memo:
