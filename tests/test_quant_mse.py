@@ -14,8 +14,10 @@ from compressor.quantization import (
     ALPHA_LAPLACE,
     HISTOGRAM_BINS,
     QuantizationError,
+    collect_stats,
     fake_quantize,
     quant_params,
+    settings_from_args,
     stats_range,
     tensor_range,
     tensor_stats,
@@ -109,3 +111,16 @@ def test_cli_mse_quantizes_rebuilds_and_refuses_statistics_without_histograms(
     refused = run_cli(*QUANTIZE, "--qeca", "mse", "--qe-stats-file", str(distiller), *out,
                       "-n", "refused")
     assert_user_error(refused, "histogram", "--qe-calibration")
+
+
+def test_histograms_are_counted_where_a_layer_clips_by_them() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU())
+    batches = [torch.randn(8, 4)]
+    assert "histogram" in collect_stats(model, batches)["0"]["output"]
+    assert "histogram" not in collect_stats(model, batches, histograms=False)["0"]["output"]
+    assert not settings_from_args({"clip_acts": "AVG"}, "q").clips_by_histogram()
+    assert settings_from_args({"clip_acts": "MSE"}, "q").clips_by_histogram()
+    one_layer = {"overrides": {"fc": {"clip_acts": "MSE"}}}
+    assert settings_from_args(one_layer, "q").clips_by_histogram()
+    one_input = {"overrides": {"fc": {"input_overrides": {0: {"clip_acts": "MSE"}}}}}
+    assert settings_from_args(one_input, "q").clips_by_histogram()

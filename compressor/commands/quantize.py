@@ -116,14 +116,15 @@ def config_file_settings(path: Path) -> tuple[Any, Path | None]:
 
 
 def calibrate(model: nn.Module, dataset: Dataset, fraction: float, batch_size: int,
-              seed: int) -> tuple[dict[str, Any], float]:
-    """Distiller's activation statistics on a seeded `fraction` of `dataset`; (stats, seconds)."""
+              seed: int, histograms: bool = True) -> tuple[dict[str, Any], float]:
+    """Distiller's activation statistics on a seeded `fraction` of `dataset` (with histograms
+    when asked); (stats, seconds)."""
     from compressor.quantization.post_train import calibration_batches
     from compressor.quantization.stats import collect_stats
 
     started = time.perf_counter()
     batches = calibration_batches(dataset, fraction, batch_size, seed)
-    stats = collect_stats(model, batches)
+    stats = collect_stats(model, batches, histograms=histograms)
     return stats, time.perf_counter() - started
 
 
@@ -134,8 +135,9 @@ def _without_quantization(description: ModelDescription) -> ModelDescription:
 
 def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Module,
                calibration: Calibration, batch_size: int, seed: int,
-               facts: dict[str, Any]) -> dict[str, Any] | None:
-    """Statistics from the file given, else calibration (--qe-calibration, default 5%)."""
+               facts: dict[str, Any], histograms: bool) -> dict[str, Any] | None:
+    """Statistics from the file given, else calibration (--qe-calibration, default 5%; with
+    histograms when a layer clips by them)."""
     from compressor.quantization.stats import load_stats
 
     stats_file = config.stats_file or settings_stats
@@ -146,7 +148,7 @@ def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Mo
         facts["stats_source"] = str(stats_file)
         return load_stats(stats_file)
     fraction = config.calibration if config.calibration is not None else DEFAULT_CALIBRATION
-    stats, seconds = calibrate(model, calibration(), fraction, batch_size, seed)
+    stats, seconds = calibrate(model, calibration(), fraction, batch_size, seed, histograms)
     split = config.calibration_split
     facts.update(stats_source=f"calibration on {fraction:.2%} of the {split} split",
                  calibration_split=split, calibration_time=seconds)
@@ -340,7 +342,8 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibratio
         given = config.stats_file or config.calibration is not None or config.dynamic
         simulated = None if given else _from_tracked(float_model, settings, tracked, facts)
         if simulated is None:
-            stats = _stats_for(config, None, float_model, calibration, batch_size, seed, facts)
+            stats = _stats_for(config, None, float_model, calibration, batch_size, seed, facts,
+                               settings.clips_by_histogram())
             if not given:  # QAT tracked what it quantized; calibration fills in the rest
                 # (functional ops QAT did not see, batch norms QAT did not fold)
                 stats = {**(stats or {}), **tracked}
@@ -352,7 +355,7 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibratio
         settings = _for_kernels(settings, config)
         float_model = quantization_graph(copy.deepcopy(model), config, source)
         stats = _stats_for(config, stats_path, float_model, calibration, batch_size, seed,
-                           facts)
+                           facts, settings.clips_by_histogram())
         simulated = _post_train(float_model, settings, stats, config.dynamic)
     evaluated = simulated
     if config.convert:

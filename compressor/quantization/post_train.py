@@ -20,7 +20,7 @@ import torch.fx
 from torch import Tensor, nn
 
 from compressor.models.layers.eltwise import Concat
-from compressor.quantization.clipping import ClipMode, parse_clip_mode, stats_range
+from compressor.quantization.clipping import stats_range
 from compressor.quantization.errors import MissingStatisticsError, QuantizationError, shown
 from compressor.quantization.fusion import (
     Fusion,
@@ -308,7 +308,7 @@ class PostTrainLinearQuantizer:
         if graph is not None:
             self.sources = input_sources(model, graph, quantizable_modules(model), self.fusions)
         layers = resolve_layers(model, self.settings)
-        self.histograms = _clips_by_histogram(layers)
+        self.histograms = self.settings.clips_by_histogram()
         self.fusions = [f if f.activation is None or _can_fuse(layers, f) else
                         Fusion(f.layer, f.batchnorm, None) for f in self.fusions]
         self.fusions = [f for f in self.fusions if f.batchnorm or f.activation]
@@ -339,14 +339,6 @@ def _can_fuse(layers: Mapping[str, LayerSettings], fusion: Fusion) -> bool:
             and layer.bits_activations is not None
             and layer.bits_activations == activation.bits_activations
             and layer.mode.activations == activation.mode.activations)
-
-
-def _clips_by_histogram(layers: Mapping[str, LayerSettings]) -> bool:
-    """Whether any layer or input override clips by histogram (MSE)."""
-    return any(layer.clip_acts is ClipMode.MSE
-               or any(parse_clip_mode(o.get("clip_acts", ClipMode.NONE)) is ClipMode.MSE
-                      for o in layer.input_overrides.values())
-               for layer in layers.values())
 
 
 def _plain_stats(stats: ActivationStats, histograms: bool) -> dict[str, Any]:

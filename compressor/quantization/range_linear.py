@@ -229,18 +229,19 @@ def quantize(x: Tensor, scale: Tensor | float, zero_point: Tensor | float, num_b
              mode: LinearQuantMode | str) -> Tensor:
     """The integers of `x`, in x's float dtype: clamp(round(scale * x - zero_point), qmin, qmax)."""
     qmin, qmax = quantized_range(num_bits, mode)
-    return torch.clamp(torch.round(scale * x - zero_point), qmin, qmax)
+    # one temporary of the broadcast shape, worked on in place (a large weight is one pass each)
+    return torch.mul(x, scale).sub_(zero_point).round_().clamp_(qmin, qmax)
 
 
 def dequantize(q: Tensor, scale: Tensor | float, zero_point: Tensor | float) -> Tensor:
     """The float values of integers `q`: (q + zero_point) / scale."""
-    return (q + zero_point) / scale
+    return torch.add(q, zero_point).div_(scale)
 
 
 def fake_quantize(x: Tensor, scale: Tensor | float, zero_point: Tensor | float, num_bits: int,
                   mode: LinearQuantMode | str) -> Tensor:
     """Quantize then dequantize in float: `x` on the grid (|error| <= 0.5 / scale inside it)."""
-    return dequantize(quantize(x, scale, zero_point, num_bits, mode), scale, zero_point)
+    return quantize(x, scale, zero_point, num_bits, mode).add_(zero_point).div_(scale)
 
 
 class LinearQuantizeSTE(torch.autograd.Function):

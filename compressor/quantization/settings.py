@@ -94,6 +94,15 @@ class QuantSettings:
     reduce_range: bool = False
     overrides: tuple[tuple[str, Mapping[str, Any]], ...] = ()  # ordered regex -> settings
 
+    def clips_by_histogram(self) -> bool:
+        """Whether any layer or input may clip by histogram (MSE): statistics need histograms."""
+        def mse(values: Mapping[str, Any]) -> bool:
+            return parse_clip_mode(values.get("clip_acts", ClipMode.NONE)) is ClipMode.MSE
+
+        return self.clip_acts is ClipMode.MSE or any(
+            mse(values) or any(mse(inner) for inner in values.get("input_overrides", {}).values())
+            for _, values in self.overrides)
+
     def to_recipe(self) -> dict[str, Any]:
         """The settings as plain YAML/JSON data that `from_recipe` reads back."""
         data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)

@@ -235,7 +235,8 @@ def _shape_text(tensor: Tensor) -> str:
 class _Running:
     """Running statistics of one tensor slot (an input or the output of one module)."""
 
-    def __init__(self) -> None:
+    def __init__(self, histogram: bool = True) -> None:
+        self.histogram = histogram  # count values in bins over [min, max] in pass two
         self.low: Tensor | None = None
         self.high: Tensor | None = None
         self.sums = [torch.zeros((), dtype=torch.float64) for _ in range(5)]
@@ -276,16 +277,17 @@ class _Running:
         if mean is None or bounds is None:
             return
         if memo is not None and tensor.device.type == "cpu":  # keyed by the mean: no host sync
-            part = memo.get(tensor, (float(mean), bounds),
-                            lambda x: _second_part(x, mean, bounds))
+            part = memo.get(tensor, (float(mean), bounds, self.histogram),
+                            lambda x: _second_part(x, mean, bounds, self.histogram))
         else:
-            part = _second_part(tensor, mean, bounds)
+            part = _second_part(tensor, mean, bounds, self.histogram)
         if part is None:
             return
         absolute, squared, counts, numel = part
         self._add(4, absolute)
         self._add(3, squared)
-        self.counts = counts if self.counts is None else self.counts + counts.to(self.counts)
+        if counts is not None:
+            self.counts = counts if self.counts is None else self.counts + counts.to(self.counts)
         self.numel_second += numel
 
     def _add(self, slot: int, value: Tensor) -> None:
@@ -322,10 +324,10 @@ def _first_part(tensor: Tensor) -> tuple[Any, ...] | None:
             maxes.sum(dtype=torch.float64), _row_sums(act), mins.numel(), act.numel())
 
 
-def _second_part(tensor: Tensor, mean: Tensor, bounds: tuple[float, float]
-                 ) -> tuple[Tensor, Tensor, Tensor, int] | None:
+def _second_part(tensor: Tensor, mean: Tensor, bounds: tuple[float, float], histogram: bool
+                 ) -> tuple[Tensor, Tensor, Tensor | None, int] | None:
     """Pass two's figures of one tensor: sums of absolute and squared deviations from `mean`,
-    its histogram over `bounds`, values (None if empty)."""
+    its histogram over `bounds` (when asked), values (None if empty)."""
     act = _rows(tensor)
     if act.numel() == 0:
         return None
@@ -335,7 +337,7 @@ def _second_part(tensor: Tensor, mean: Tensor, bounds: tuple[float, float]
     absolute = torch.linalg.vector_norm(deviation, 1, dim=1, dtype=dtype).sum(dtype=torch.float64)
     squared = torch.linalg.vector_norm(deviation, 2, dim=1, dtype=dtype).square().sum(
         dtype=torch.float64)
-    return absolute, squared, _histogram(act, bounds), act.numel()
+    return absolute, squared, _histogram(act, bounds) if histogram else None, act.numel()
 
 
 def _histogram(rows: Tensor, bounds: tuple[float, float]) -> Tensor:
@@ -393,9 +395,9 @@ def _rows(tensor: Tensor) -> Tensor:
     return x.reshape(x.shape[0], -1) if x.dim() > 0 else x.reshape(1, 1)
 
 
-def tensor_stats(tensor: Tensor) -> dict[str, Any]:
+def tensor_stats(tensor: Tensor, histogram: bool = True) -> dict[str, Any]:
     """The statistics record of one tensor (a batch whose dim 0 indexes samples)."""
-    running = _Running()
+    running = _Running(histogram)
     running.first(tensor)
     running.end_first()
     running.second(tensor)
@@ -409,9 +411,10 @@ def tensor_stats(tensor: Tensor) -> dict[str, Any]:
 class _Slots:
     """The running statistics of one module's inputs (by position) and output."""
 
-    def __init__(self) -> None:
+    def __init__(self, histogram: bool) -> None:
+        self.histogram = histogram
         self.inputs: dict[int, _Running] = {}
-        self.output = _Running()
+        self.output = _Running(histogram)
 
     def all(self) -> list[_Running]:
         """Every slot."""
@@ -438,7 +441,8 @@ def _default_forward(model: nn.Module, batch: Any) -> None:
 
 def collect_stats(model: nn.Module, batches: Iterable[Any],
                   module_types: tuple[type[nn.Module], ...] | None = None,
-                  forward: Callable[[nn.Module, Any], Any] | None = None) -> ActivationStats:
+                  forward: Callable[[nn.Module, Any], Any] | None = None,
+                  histograms: bool = True) -> ActivationStats:
     """Collect Distiller's activation statistics of every leaf module (of a traced model: every
     module its graph calls) over `batches`, in eval mode.
 
@@ -448,7 +452,9 @@ def collect_stats(model: nn.Module, batches: Iterable[Any],
     them; a module called several times per forward (a shared ReLU) gathers all its calls in one
     entry, as in Distiller. `module_types` restricts the modules (Distiller's `classes`);
     `forward(model, batch)` runs one batch (default: `model(batch)` or `model(batch[0])`, moved to
-    the model's device). Modules whose output is not a tensor are left out.
+    the model's device). Modules whose output is not a tensor are left out. `histograms`: count
+    each tensor's values in HISTOGRAM_BINS bins in pass two (clip mode MSE reads them; false
+    saves that pass's largest cost where no layer clips by histogram).
     """
     if iter(batches) is batches:
         raise QuantizationError("statistics collection reads the batches twice (as Distiller); "
@@ -465,7 +471,7 @@ def collect_stats(model: nn.Module, batches: Iterable[Any],
     if not modules:
         raise QuantizationError("the model has no leaf modules to collect statistics on; "
                                 "check module_types")
-    slots = {name: _Slots() for name, _ in modules}
+    slots = {name: _Slots(histograms) for name, _ in modules}
     run = forward or _default_forward
     modes = [(module, module.training) for module in model.modules()]
     model.eval()
@@ -508,7 +514,7 @@ def _hooks(module: nn.Module, slots: _Slots, second: bool, memo: _Memo) -> list[
     def before(_: nn.Module, args: tuple[Any, ...]) -> None:
         for index, value in enumerate(args):
             if isinstance(value, Tensor):
-                measure(slots.inputs.setdefault(index, _Running()), value)
+                measure(slots.inputs.setdefault(index, _Running(slots.histogram)), value)
 
     def after(_: nn.Module, args: tuple[Any, ...], output: Any) -> None:
         if isinstance(output, Tensor):
