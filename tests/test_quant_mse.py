@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from compressor.models.layers.eltwise import Concat
 from compressor.quantization import (
     ALPHA_LAPLACE,
     HISTOGRAM_BINS,
@@ -22,6 +23,8 @@ from compressor.quantization import (
     tensor_range,
     tensor_stats,
 )
+from compressor.quantization.graph import explicit_graph
+from compressor.quantization.post_train import PostTrainLinearQuantizer
 from tests.conftest import assert_user_error, run_cli
 
 QUANTIZE = ("-a", "simplenet_digits", "-e", "--qe", "-b", "64", "-j", "0")
@@ -124,3 +127,40 @@ def test_histograms_are_counted_where_a_layer_clips_by_them() -> None:
     assert settings_from_args(one_layer, "q").clips_by_histogram()
     one_input = {"overrides": {"fc": {"input_overrides": {0: {"clip_acts": "MSE"}}}}}
     assert settings_from_args(one_input, "q").clips_by_histogram()
+
+
+class _TwoBranches(torch.nn.Module):
+    """Many channels of small values and one of large concatenated (a DenseNet block in
+    small)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.narrow = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.wide = torch.nn.Conv2d(3, 1, 3, padding=1)
+        self.head = torch.nn.Conv2d(17, 2, 1)
+        with torch.no_grad():
+            self.wide.weight.mul_(10.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([self.narrow(x), self.wide(x)], dim=1))
+
+
+def test_a_concatenation_clips_by_mse_on_the_data_of_all_its_inputs() -> None:
+    """One grid for a concatenation and the layers feeding it: the range of least error on
+    their values together (as torch.ao's one shared observer), not the widest member's."""
+    torch.manual_seed(0)
+    model, x = _TwoBranches().eval(), torch.randn(16, 3, 12, 12)
+    graph = explicit_graph(model, x[:1])
+    settings = settings_from_args({"clip_acts": "MSE",
+                                   "mode": {"activations": "asym_u", "weights": "sym"}}, "q")
+    quantized = PostTrainLinearQuantizer(settings, collect_stats(graph, [x])).quantize(graph)
+    cat = next(m for m in quantized.modules() if isinstance(getattr(m, "wrapped", None), Concat))
+    scale, zero_point = (float(t) for t in cat.qparams("output"))
+    low, width = zero_point / scale, 255 / scale
+    with torch.no_grad():
+        values = torch.cat([model.narrow(x), model.wide(x)], dim=1)
+    expected_low, expected_high = (float(v) for v in tensor_range(values, "mse", "asym_u", 8))
+    assert width == pytest.approx(expected_high - expected_low, rel=0.03)
+    assert low == pytest.approx(expected_low, abs=0.03 * width)
+    wide_alone = tensor_range(model.wide(x).detach(), "mse", "asym_u", 8)
+    assert width < float(wide_alone[1] - wide_alone[0])  # a union of ranges gave at least this

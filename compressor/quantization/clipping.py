@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import Enum
 from types import MappingProxyType
 from typing import Any
@@ -40,7 +40,7 @@ from compressor.quantization.range_linear import LinearQuantMode, check_bits, pa
 __all__ = [
     "ClipMode", "parse_clip_mode", "check_clip_n_stds", "ALPHA_GAUSS", "ALPHA_GAUSS_POSITIVE",
     "ALPHA_LAPLACE", "ALPHA_LAPLACE_POSITIVE", "aciq_alpha", "stats_range", "tensor_range",
-    "HISTOGRAM_BINS", "histogram_range",
+    "HISTOGRAM_BINS", "histogram_range", "shared_histogram_range",
 ]
 
 
@@ -140,6 +140,25 @@ def histogram_range(counts: Tensor, low: float, high: float, num_bits: int,
     error = torch.where(hi > lo, error, torch.full_like(error, math.inf))
     best = int(torch.argmin(error))
     return float(lo[best]), float(hi[best])
+
+
+def shared_histogram_range(records: Sequence[Mapping[str, Any]], num_bits: int,
+                           mode: LinearQuantMode | str) -> tuple[float, float]:
+    """The MSE range of several tensors quantized on one grid (a concatenation's): the search on
+    their histograms merged, as one observer watching them all would see them."""
+    low = min(_stat(r, "min", ClipMode.MSE) for r in records)
+    high = max(_stat(r, "max", ClipMode.MSE) for r in records)
+    bins = HISTOGRAM_BINS * 4  # finer than the parts: each part's bins land where they lie
+    merged = torch.zeros(bins, dtype=torch.float64)
+    for record in records:
+        counts = _histogram(record)
+        edges = torch.linspace(record["min"], record["max"], counts.numel() + 1,
+                               dtype=torch.float64)
+        centers = (edges[:-1] + edges[1:]) / 2
+        width = max(high - low, 1e-30)
+        index = ((centers - low) * (bins / width)).floor().long().clamp(0, bins - 1)
+        merged.index_add_(0, index, counts)
+    return histogram_range(merged, low, high, num_bits, mode)
 
 
 def _histogram(stats: Mapping[str, Any]) -> Tensor:

@@ -20,7 +20,7 @@ import torch.fx
 from torch import Tensor, nn
 
 from compressor.models.layers.eltwise import Concat
-from compressor.quantization.clipping import stats_range
+from compressor.quantization.clipping import ClipMode, shared_histogram_range, stats_range
 from compressor.quantization.errors import MissingStatisticsError, QuantizationError, shown
 from compressor.quantization.fusion import (
     Fusion,
@@ -140,22 +140,34 @@ class _Planner:
         """(scale, zero_point) of a tensor from its statistics."""
         return quant_params(*self._range(spec, record), spec.bits, spec.mode)
 
-    def _output_range(self, name: str) -> tuple[float, float]:
-        """The (min, max) a layer's output is quantized to, from its fused chain's last stats."""
+    def _output_record(self, name: str) -> Mapping:
+        """The stats record of a layer's output: its fused chain's last."""
         fusion = self.fused.get(name)
         key = name if fusion is None else (fusion.activation or fusion.batchnorm or name)
+        return self.record(name, key, "output")
+
+    def _output_range(self, name: str) -> tuple[float, float]:
+        """The (min, max) a layer's output is quantized to."""
         spec = self.outputs[name]
         assert spec is not None
-        return self._range(spec, self.record(name, key, "output"))
+        return self._range(spec, self._output_record(name))
 
     def output_qparams(self, name: str) -> tuple[Tensor, Tensor]:
-        """The output parameters of a quantized layer: its own range's, or the union of its
-        shared group's ranges."""
+        """The output parameters of a quantized layer: its own range's, or its shared group's:
+        MSE on the group's histograms merged where every member clips by MSE (as one observer
+        over them all), else the union of the members' ranges."""
         if name not in self._output_qparams:
             spec = self.outputs[name]
             assert spec is not None
-            ranges = [self._output_range(member) for member in self.groups.get(name, (name,))]
-            low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
+            members = self.groups.get(name, (name,))
+            member_specs = [self.outputs[m] for m in members]
+            if len(members) > 1 and all(s is not None and s.clip is ClipMode.MSE
+                                        for s in member_specs):
+                low, high = shared_histogram_range(
+                    [self._output_record(m) for m in members], spec.bits, spec.mode)
+            else:
+                ranges = [self._output_range(member) for member in members]
+                low, high = min(r[0] for r in ranges), max(r[1] for r in ranges)
             self._output_qparams[name] = quant_params(low, high, spec.bits, spec.mode)
         return self._output_qparams[name]
 
