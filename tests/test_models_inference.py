@@ -10,16 +10,16 @@ from torch import nn
 from compressor.models.inference import inference_copy
 from compressor.training.losses import main_logits
 from tests.conftest import trained_like_batchnorms
-from tests.test_quant_graph import FAMILIES, trained_like_model
+from tests.test_quant_graph import BLOCK_FAMILIES, trained_like_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-# one architecture of each of the quantization tests' 20 families (residual, pre-activation,
-# depthwise, squeeze-excite, concatenating, channel shuffle, layer norm, attention)
-@pytest.mark.parametrize("arch", sorted(FAMILIES))
+# one architecture of each of the quantization tests' block kinds (residual, pre-activation,
+# depthwise, squeeze-excite, concatenating, channel shuffle, layer norm, attention, windows)
+@pytest.mark.parametrize("arch", sorted(BLOCK_FAMILIES))
 def test_the_inference_copy_computes_what_the_model_does(arch: str) -> None:
-    model, inputs = trained_like_model(arch, FAMILIES[arch], batch=2)
+    model, inputs = trained_like_model(arch, BLOCK_FAMILIES[arch], batch=2)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     copy = inference_copy(model.train())
     assert model.training  # the model itself is left as it was

@@ -15,7 +15,7 @@ from compressor.quantization.qat import qat_to_float, set_qat_enabled
 from compressor.quantization.qat_build import build_qat_quantizer, qat_from_recipe
 from compressor.quantization.qat_fold import FoldedBatchNorm, FusedQATWrapper
 from tests.conftest import trained_like_batchnorms
-from tests.test_quant_graph import FAMILIES, trained_like_model
+from tests.test_quant_graph import BLOCK_FAMILIES, trained_like_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -114,11 +114,11 @@ def test_a_recipe_saved_before_folding_rebuilds_unfolded() -> None:
     assert hasattr(model, "inputs_quant")
 
 
-@pytest.mark.parametrize("arch", list(FAMILIES))
+@pytest.mark.parametrize("arch", list(BLOCK_FAMILIES))
 def test_every_family_trains_folded_and_comes_back_float(arch: str) -> None:
     """Folded QAT on one architecture of each family: disabled it computes the float model
     exactly; enabled it trains; the plain model it gives back has the float structure."""
-    model, x = trained_like_model(arch, FAMILIES[arch])
+    model, x = trained_like_model(arch, BLOCK_FAMILIES[arch])
     x = x[:2]
     float_model = copy.deepcopy(model).eval()
     quantizer = _quantizer()
