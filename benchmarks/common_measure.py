@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from torch.ao.nn import quantized as nnq
 
 from compressor.models.description import description_of
+from compressor.quantization.int8_onednn import OnednnLayer
 from compressor.training.checkpoint import load_checkpoint
 
 __all__ = ["stored_weights_size", "weight_counts", "count_macs", "model_input",
@@ -57,6 +58,10 @@ def _stored_tensors(model: nn.Module) -> Iterator[Tensor]:
             yield module.weight().dequantize()
             if module.bias() is not None:
                 yield module.bias().detach()
+        if isinstance(module, OnednnLayer):  # oneDNN's: integer weights kept as buffers
+            yield module.weight_ints
+            if module.bias is not None:
+                yield module.bias
         for param in module.parameters(recurse=False):
             yield param.detach()
 
@@ -79,6 +84,8 @@ def model_input(model: nn.Module, batch_size: int) -> Tensor:
 
 def _layer_macs(module: nn.Module, output: Tensor) -> int:
     out_per_sample = output[0].numel()
+    if isinstance(module, OnednnLayer):  # one weight row per output value
+        return out_per_sample * module.weight_ints[0].numel()
     if isinstance(module, (nn.Linear, nnq.Linear)):
         return out_per_sample * module.in_features
     kernel = 1
@@ -96,7 +103,7 @@ def count_macs(model: nn.Module) -> int:
         total += _layer_macs(module, output)
 
     handles = [m.register_forward_hook(hook) for m in model.modules()
-               if isinstance(m, FLOAT_LAYERS + INT8_LAYERS)]
+               if isinstance(m, FLOAT_LAYERS + INT8_LAYERS + (OnednnLayer,))]
     was_training = model.training
     try:
         model.eval()

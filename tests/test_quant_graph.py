@@ -93,20 +93,29 @@ def test_functional_ops_become_named_modules_and_compute_the_same() -> None:
     assert "features.1.0.mul" not in _kinds(explicit_graph(convnext, z[:1]))
 
 
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW_FAMILIES
-                                  else a for a in sorted(FAMILIES)])
-def test_int8_follows_the_simulation(arch: str) -> None:
+# the torch.ao engine (x86), which `auto` picks for asymmetric weights, on one architecture of
+# each kind of op its conversion lowers differently (adds, SE multiplies, concatenations,
+# shuffles, BN-ReLU, attention); the default (oneDNN) on every family
+X86_FAMILIES = ("resnet20_cifar", "mobilenet_v3_small", "densenet121", "googlenet",
+                "shufflenet_v2_x0_5", "preact_resnet18", "swin_t")
+
+
+@pytest.mark.parametrize("arch,backend", [
+    pytest.param(a, b, marks=pytest.mark.slow) if a in SLOW_FAMILIES else (a, b)
+    for a in sorted(FAMILIES) for b in ("auto", "x86") if b == "auto" or a in X86_FAMILIES])
+def test_int8_follows_the_simulation(arch: str, backend: str) -> None:
     model, x = trained_like_model(arch, FAMILIES[arch], batch=4 if arch in SLOW_FAMILIES else 8)
     graph = explicit_graph(model, x[:1])
     half = x.shape[0] // 2
     stats = collect_stats(graph, [x[:half], x[half:]], histograms=False)  # no MSE here
-    settings = settings_from_args({"reduce_range": kernels_saturate("x86")}, "q")
+    settings = settings_from_args({"reduce_range": kernels_saturate(backend)}, "q")
     simulated = PostTrainLinearQuantizer(settings, stats).quantize(graph)
-    int8 = convert_to_int8(simulated, "x86")
+    int8 = convert_to_int8(simulated, backend)
+    assert int8.backend == ("onednn" if backend == "auto" else backend)
     inputs = torch.randn(4, *x.shape[1:], generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         sim, got, ref = simulated(inputs), int8(inputs), model(inputs)
-    assert not got.is_quantized
+    assert not got.is_quantized and got.dtype == torch.float32
     # int8 differs from the simulation by rounding alone: less than the simulation does from
     # float (a saturating kernel or a rescaled concatenation gave 10 to 40 times more)
     scale = float((sim.max() - sim.min()).clamp_min(1e-6))
@@ -190,39 +199,57 @@ def test_cli_converts_a_network_of_functional_ops_and_rebuilds_it(tmp_path: Path
     assert recipe["graph"] == 1 and recipe["kernels"] == "int8"
 
 
-def _lowered(arch: str) -> tuple[nn.Module, nn.Module, torch.Tensor]:
+def _lowered(arch: str, backend: str = "x86") -> tuple[nn.Module, nn.Module, torch.Tensor]:
     """(simulated, int8) of one architecture, and inputs."""
     model, x = trained_like_model(arch, FAMILIES[arch])
     graph = explicit_graph(model, x[:1])
     settings = settings_from_args({"mode": {"activations": "asym_u", "weights": "sym"},
                                    "per_channel_wts": True,
-                                   "reduce_range": kernels_saturate("x86")}, "q")
+                                   "reduce_range": kernels_saturate(backend)}, "q")
     simulated = PostTrainLinearQuantizer(settings, collect_stats(graph, [x])).quantize(graph)
-    return simulated, convert_to_int8(simulated, "x86"), x
+    return simulated, convert_to_int8(simulated, backend), x
 
 
-def test_the_int8_graph_calls_the_kernels_torch_ao_would() -> None:
+def _called(int8: nn.Module) -> list[nn.Module]:
+    return [int8.model.get_submodule(str(n.target)) for n in int8.model.graph.nodes
+            if n.op == "call_module"]
+
+
+def _pointwise(int8: nn.Module, kind: str) -> int:
+    """How many oneDNN pointwise calls of a kind ('requantize + accum ReLU', 'affine ReLU')."""
+    return sum(type(m).__name__ == "OnednnPointwise" and m.extra_repr() == kind
+               for m in _called(int8))
+
+
+@pytest.mark.parametrize("backend", ["x86", "onednn"])
+def test_the_int8_graph_calls_the_kernels_torch_ao_would(backend: str) -> None:
     """Grids are known when the graph is built: layers call their kernels directly, a residual
-    add -> ReLU is one add_relu, with no requantization between layers."""
-    simulated, int8, x = _lowered("resnet20_cifar")
+    add -> ReLU is one add_relu (oneDNN: one depthwise kernel with a sum post-op), with no
+    requantization between layers."""
+    simulated, int8, x = _lowered("resnet20_cifar", backend)
     code = int8.model.code
-    assert code.count("torch.ops.quantized.add_relu(") == 9 and "quantized.add(" not in code
-    # the model's input and the classifier's (average pooling computes in float, as simulated)
-    assert code.count("requantize(") == 2
-    called = [int8.model.get_submodule(str(n.target)) for n in int8.model.graph.nodes
-              if n.op == "call_module"]
-    assert not [m for m in called if type(m).__name__ in ("_Int8Module", "Identity")]
+    if backend == "x86":
+        assert code.count("torch.ops.quantized.add_relu(") == 9 and "quantized.add(" not in code
+        # the model's input and the classifier's (average pooling computes in float)
+        assert code.count("requantize(") == 2
+    else:
+        assert _pointwise(int8, "requantize + accum ReLU") == 9
+        assert code.count("onednn_quantize_uint8(") == 2 and "eltwise_uint8" not in code
+        assert code.count("onednn_dequantize_uint8(") == 2  # the average pooling's, the logits'
+    assert not [m for m in _called(int8) if type(m).__name__ in ("_Int8Module", "Identity")]
     with torch.no_grad():
         sim, got = simulated(x), int8(x)
     step = float(simulated.fc.output_scale) ** -1
     assert (got - sim).abs().max() <= 3 * step
 
 
-def test_a_concatenation_shares_one_grid_with_its_inputs() -> None:
+@pytest.mark.parametrize("backend", ["x86", "onednn"])
+def test_a_concatenation_shares_one_grid_with_its_inputs(backend: str) -> None:
     """DenseNet: each block's concatenations and the layers feeding them quantize onto one
     grid (as torch.ao shares one observer), so int8 concatenates the integers as they are; a
-    batch norm -> ReLU on the quantized features runs as torch's quantized BNReLU2d."""
-    simulated, int8, x = _lowered("densenet_bc_40_cifar")
+    batch norm -> ReLU on the quantized features runs as torch's quantized BNReLU2d (oneDNN:
+    one depthwise kernel holding the norm's gains, the ReLU its post-op)."""
+    simulated, int8, x = _lowered("densenet_bc_40_cifar", backend)
     cats = {n: m for n, m in simulated.named_modules() if isinstance(getattr(m, "wrapped", None),
                                                                     Concat)}
     assert cats
@@ -232,7 +259,12 @@ def test_a_concatenation_shares_one_grid_with_its_inputs() -> None:
     code = int8.model.code
     assert "torch.cat(" in code and "quantized.cat" not in code
     # every concatenation's norm -> ReLU but the last one's (the final ReLU is functional)
-    assert sum(type(m).__name__ == "BNReLU2d" for m in int8.modules()) == len(cats) - 1
+    if backend == "x86":
+        assert sum(type(m).__name__ == "BNReLU2d" for m in int8.modules()) == len(cats) - 1
+    else:
+        assert _pointwise(int8, "affine ReLU") == len(cats) - 1
+        assert "requantize" not in " ".join(m.extra_repr() for m in _called(int8)
+                                            if type(m).__name__ == "OnednnPointwise")
     with torch.no_grad():
         sim, got = simulated(x), int8(x)
     step = float(simulated.classifier.output_scale) ** -1

@@ -22,7 +22,7 @@ SUMMARY_CHOICES = ("sparsity", "compute", "model", "modules")
 SENSE_CHOICES = ("element", "filter", "channel")
 QE_MODES = ("sym", "sym_restr", "asym_u", "asym_s")
 QE_CLIP_MODES = ("none", "avg", "n_std", "gauss", "laplace", "mse")
-QE_BACKENDS = ("x86", "fbgemm", "qnnpack")
+QE_BACKENDS = ("auto", "onednn", "x86", "fbgemm", "qnnpack")
 CALIBRATION_SPLITS = ("train", "test")
 MAX_QUANT_BITS = 16
 
@@ -255,7 +255,11 @@ def _add_quantization_args(parser: argparse.ArgumentParser) -> None:
                        action="store_true",
                        help="convert the quantized model to real int8 kernels (8 bits only)")
     group.add_argument("--qe-pytorch-backend", dest="qe_pytorch_backend", choices=QE_BACKENDS,
-                       default="x86", help="int8 kernel backend (default x86)")
+                       default="auto",
+                       help="int8 kernels: onednn (plain uint8 tensors, the kernels torchao's x86 "
+                            "lowering calls), x86 / fbgemm / qnnpack (torch.ao's quantized "
+                            "engines); auto (default): onednn where it can compute the model "
+                            "(symmetric weights), else x86")
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -33,7 +33,7 @@ from compressor.utils.distributed import DistContext
 __all__ = ["run_export", "export_sample"]
 
 MAX_SAMPLE = 32  # test images the exported model is checked on
-INT8_BACKEND = "x86"  # the kernels a QDQ export is compared with
+INT8_BACKEND = "auto"  # the kernels a QDQ export is compared with
 LOG = logging.getLogger("compressor")
 
 

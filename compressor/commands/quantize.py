@@ -187,11 +187,16 @@ def _from_tracked(float_model: nn.Module, settings: Any, tracked: dict[str, Any]
 
 
 def _convert(simulated: nn.Module, backend: str) -> nn.Module:
-    from compressor.quantization.int8 import check_convertible
+    from compressor.quantization.int8 import check_convertible, resolve_backend
 
     check_convertible(simulated, backend)
-    LOG.info("int8 kernels: torch.ao.nn.quantized modules on the %s engine (torch 2.14 "
-             "deprecates torch.ao's quantized tensors for torchao: README, Quantization)", backend)
+    backend = resolve_backend(simulated, backend)
+    if backend == "onednn":
+        LOG.info("int8 kernels: oneDNN's (torch.ops.onednn) on plain uint8 tensors")
+    else:
+        LOG.info("int8 kernels: torch.ao.nn.quantized modules on the %s engine (torch 2.14 "
+                 "deprecates torch.ao's quantized tensors for torchao: README, Quantization)",
+                 backend)
     recipe = dict(description_of(simulated).recipe(QUANTIZATION))
     record_transform(simulated, QUANTIZATION, {**recipe, "kernels": "int8", "backend": backend})
     return int8_model(simulated, backend)
@@ -201,7 +206,9 @@ def quantization_facts(model: nn.Module) -> dict[str, Any]:
     """What results.json reports of a quantized model: kernels, bit widths, mode, clipping."""
     recipe = description_of(model).recipe(QUANTIZATION) or {}
     settings = recipe.get("settings", {})
-    return {"kernels": recipe.get("kernels", "simulated"), "quantizer": recipe.get("kind"),
+    kernels = recipe.get("kernels", "simulated")
+    return {"kernels": kernels, "backend": recipe.get("backend") if kernels == "int8" else None,
+            "quantizer": recipe.get("kind"),
             "bits_activations": settings.get("bits_activations"),
             "bits_weights": settings.get("bits_weights"),
             "bits_accum": settings.get("bits_accum"), "mode": settings.get("mode"),
@@ -297,6 +304,13 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
             raise QuantizationError(f"--qe-convert-pytorch needs 8-bit activations and weights "
                                     f"with statistics, not {shown}; drop --qe-convert-pytorch "
                                     "(other widths stay simulated) or quantize to 8 bits")
+        asymmetric = sorted(name for name, layer in layers.items()
+                            if layer.bits_weights is not None and not layer.mode.weights.symmetric)
+        if asymmetric and config.backend == "onednn":
+            raise QuantizationError(f"the onednn int8 backend takes symmetric weights, but layer "
+                                    f"'{asymmetric[0]}' has asymmetric ones; quantize weights "
+                                    "with --qe-mode-wts sym, or use --qe-pytorch-backend x86 "
+                                    "(or auto)")
         narrow = sorted({layer.bits_accum for layer in layers.values() if layer.bits_accum < 32})
         if narrow:
             raise QuantizationError(f"--qe-convert-pytorch runs 32-bit accumulators, not "

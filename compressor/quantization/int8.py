@@ -1,13 +1,17 @@
 """Real int8 inference from a simulated post-training-quantized model (--qe-convert-pytorch).
 
-Each wrapper becomes torch.ao quantized modules computing in int8 with the same integers and
-scales as the simulation: conv / linear (with a fused ReLU: ConvReLU / LinearReLU), element-wise
-ops as QFunctional, activations requantized to their own parameters. Distiller's parameters are
-converted with `torch_qparams` (its scale is torch's reciprocal, its zero point torch's negation);
-8-bit activations become quint8 (signed modes shifted by 128) and weights qint8 (unsigned modes
-shifted by -128). An input is quantized on entry unless it already arrives quantized with the
-same parameters (Distiller's ConditionalQuantize); other modules dequantize on entry, and the
-model's output is dequantized.
+Two families of kernels compute it. `onednn` (int8_onednn.py) calls oneDNN's int8 kernels with
+plain uint8 tensors, what torchao's PT2E lowering calls on x86, without the quantized tensor
+types torch 2.14 deprecates; `auto` (the default) picks it wherever it can compute the model,
+and x86 otherwise. On torch.ao's engines (x86, fbgemm, qnnpack) each wrapper becomes torch.ao
+quantized modules computing in int8 with the same integers and scales as the simulation: conv /
+linear (with a fused ReLU: ConvReLU / LinearReLU), element-wise ops as QFunctional, activations
+requantized to their own parameters. Distiller's parameters are converted with `torch_qparams`
+(its scale is torch's reciprocal, its zero point torch's negation); 8-bit activations become
+quint8 (signed modes shifted by 128) and weights qint8 (unsigned modes shifted by -128). An
+input is quantized on entry unless it already arrives quantized with the same parameters
+(Distiller's ConditionalQuantize); other modules dequantize on entry, and the model's output is
+dequantized.
 """
 
 from __future__ import annotations
@@ -30,9 +34,18 @@ from compressor.quantization.errors import QuantizationError, unknown_choice
 from compressor.quantization.graph import ensure_float, float_functional_inputs
 from compressor.quantization.int8_graph import (
     QUANTIZED_SAFE_MODULES,
+    flatten_calls,
     lower_int8_graph,
     requantize,
 )
+from compressor.quantization.int8_onednn import (
+    ONEDNN,
+    OnednnLayer,
+    onednn_available,
+    onednn_problem,
+    onednn_saturates,
+)
+from compressor.quantization.int8_onednn_graph import lower_onednn_graph
 from compressor.quantization.range_linear import (
     MAX_ACCUM_BITS,
     LinearQuantMode,
@@ -48,10 +61,13 @@ from compressor.quantization.wrappers import (
     input_padding,
 )
 
-__all__ = ["INT8_BACKENDS", "ACTIVATION_BITS", "Grid", "activation_grid", "weight_integers",
-           "check_convertible", "convert_to_int8", "Int8Model", "kernels_saturate"]
+__all__ = ["INT8_BACKENDS", "AUTO", "ACTIVATION_BITS", "Grid", "activation_grid",
+           "weight_integers", "check_convertible", "convert_to_int8", "Int8Model",
+           "kernels_saturate", "resolve_backend"]
 
-INT8_BACKENDS = ("x86", "fbgemm", "qnnpack")
+AUTO = "auto"  # oneDNN where it can compute the model, else x86
+TORCH_ENGINES = ("x86", "fbgemm", "qnnpack")  # torch.ao's quantized engines
+INT8_BACKENDS = (AUTO, ONEDNN, *TORCH_ENGINES)
 _CONV = {nn.Conv1d: (nnq.Conv1d, nniq.ConvReLU1d), nn.Conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
          nn.Conv3d: (nnq.Conv3d, nniq.ConvReLU3d)}
 
@@ -65,6 +81,18 @@ class Grid:
     scale: float
     zero_point: int
     top: int = 255
+    sim_scale: float = 1.0  # Distiller's scale and zero point, as the simulation computes:
+    sim_zero_point: float = 0.0  # integer = round(x * sim_scale - sim_zero_point) + shift
+
+    def quantize_args(self) -> tuple[float, float, int, int]:
+        """The arguments with which int8_onednn.quantize_uint8 computes the simulation's
+        integers on this grid."""
+        return self.sim_scale, self.sim_zero_point, self.zero_point, self.top
+
+    def dequantize_args(self) -> tuple[float, int]:
+        """The arguments with which int8_onednn.dequantize_uint8 computes the simulation's
+        values of this grid's integers."""
+        return self.sim_scale, self.zero_point
 
     def bounds(self) -> tuple[float, float] | None:
         """The float range of a grid narrower than quint8's (None: the whole of quint8)."""
@@ -82,9 +110,18 @@ def _refuse(name: str, problem: str) -> QuantizationError:
                              "quantize with 8 bits and statistics or drop --qe-convert-pytorch")
 
 
+def resolve_backend(model: nn.Module, backend: str) -> str:
+    """The kernels `backend` means for `model`: `auto` is oneDNN where it can compute the model
+    (symmetric weights, a traced graph), else x86."""
+    if backend != AUTO:
+        return backend
+    return ONEDNN if onednn_problem(model) is None else "x86"
+
+
 def check_convertible(model: nn.Module, backend: str | None = None) -> None:
     """Raise a QuantizationError unless every wrapper is static and 8 bits wide (activations:
-    7 with reduce_range, which `backend`'s kernels need where they saturate 8 bits)."""
+    7 with reduce_range, which `backend`'s kernels need where they saturate 8 bits) and the
+    backend's kernels can compute the model."""
     wrappers = [(n, m) for n, m in model.named_modules() if isinstance(m, QuantWrapper)]
     if not wrappers:
         raise QuantizationError("--qe-convert-pytorch needs a post-training-quantized model; "
@@ -109,7 +146,12 @@ def check_convertible(model: nn.Module, backend: str | None = None) -> None:
                     f"--qe-convert-pytorch runs 32-bit accumulators, but layer '{name}' has "
                     f"bits_accum {wrapper.bits_accum}; keep it simulated (drop "
                     "--qe-convert-pytorch) or quantize with bits_accum 32")
-    if backend is not None and kernels_saturate(backend):
+    if backend == ONEDNN:
+        problem = onednn_problem(model)
+        if problem is not None:
+            raise QuantizationError(f"the onednn int8 backend cannot compute this model: "
+                                    f"{problem}; use --qe-pytorch-backend x86 (or auto)")
+    if backend is not None and kernels_saturate(resolve_backend(model, backend)):
         full = [name for name, wrapper in wrappers
                 if wrapper.output is not None and wrapper.output.bits > 7]
         if full:
@@ -124,7 +166,8 @@ def activation_grid(scale: Tensor, zero_point: Tensor, spec: TensorQuant) -> Gri
     at 0: by 128 at 8 bits, by 64 at reduce_range's 7)."""
     torch_scale, torch_zero = torch_qparams(scale, zero_point)
     shift = 2 ** (spec.bits - 1) if spec.mode.signed else 0
-    return Grid(float(torch_scale), int(torch_zero) + shift, 2 ** spec.bits - 1)
+    return Grid(float(torch_scale), int(torch_zero) + shift, 2 ** spec.bits - 1, float(scale),
+                float(zero_point))
 
 
 def _quantize_to(x: Tensor, grid: Grid | None) -> Tensor:
@@ -207,11 +250,14 @@ class Int8Model(nn.Module):
 
     def forward(self, x: Tensor) -> Any:
         """The float output of the int8 model."""
-        with _integer_kernels_are_deterministic():
+        if self.backend == ONEDNN:  # no allocation torch's deterministic check flags
             out = self.model(x)
+        else:
+            with _integer_kernels_are_deterministic():
+                out = self.model(x)
         if isinstance(out, (tuple, list)):
-            return type(out)(o.dequantize() if isinstance(o, Tensor) else o for o in out)
-        return out.dequantize() if isinstance(out, Tensor) else out
+            return type(out)(ensure_float(o) for o in out)
+        return ensure_float(out)
 
 
 def weight_integers(wrapper: ParamLayerWrapper) -> tuple[Tensor, Tensor, Tensor]:
@@ -244,8 +290,20 @@ def _grid_bias(wrapper: ParamLayerWrapper) -> Tensor:
     return bias.detach().float()
 
 
-def _convert_param(wrapper: ParamLayerWrapper) -> nn.Module:
+def _onednn_layer(wrapper: ParamLayerWrapper) -> nn.Module:
+    """The conv / linear (+ activation) on oneDNN's kernels with the wrapper's integers."""
+    ints, scale, _ = weight_integers(wrapper)
+    bias = None if wrapper.wrapped.bias is None else _grid_bias(wrapper)
+    assert wrapper.output is not None and wrapper.inputs[0] is not None
+    x_grid = activation_grid(*wrapper.qparams("input0"), wrapper.inputs[0])
+    out_grid = activation_grid(*wrapper.qparams("output"), wrapper.output)
+    return OnednnLayer(wrapper, ints, scale, bias, x_grid, out_grid)
+
+
+def _convert_param(wrapper: ParamLayerWrapper, backend: str) -> nn.Module:
     """A quantized conv / linear (+ ReLU) with the wrapper's integers and scales."""
+    if backend == ONEDNN:
+        return _onednn_layer(wrapper)
     layer = wrapper.wrapped
     fused_relu = type(wrapper.activation) is nn.ReLU
     if isinstance(layer, nn.Linear):
@@ -273,25 +331,27 @@ def _inputs(wrapper: QuantWrapper) -> list[Grid | None]:
             for i, spec in enumerate(wrapper.inputs)]
 
 
-def _convert(wrapper: QuantWrapper) -> nn.Module:
+def _convert(wrapper: QuantWrapper, backend: str) -> nn.Module:
     """The int8 replacement of one wrapper, clamped to its output grid where narrower."""
-    module = _replacement(wrapper)
+    module = _replacement(wrapper, backend)
     assert wrapper.output is not None
     module.clamp = activation_grid(*wrapper.qparams("output"), wrapper.output).bounds()
     return module
 
 
-def _replacement(wrapper: QuantWrapper) -> _Int8Module:
+def _replacement(wrapper: QuantWrapper, backend: str) -> _Int8Module:
     """The int8 module computing one wrapper (its output on quint8's whole grid)."""
     assert wrapper.output is not None
     output = activation_grid(*wrapper.qparams("output"), wrapper.output)
     if isinstance(wrapper, ParamLayerWrapper):
-        module = _Int8Module(_convert_param(wrapper), _inputs(wrapper), output)
+        module = _Int8Module(_convert_param(wrapper, backend), _inputs(wrapper), output)
         module.pre_pad = input_padding(wrapper.wrapped)
         return module
     if isinstance(wrapper, EltwiseWrapper):
-        functional = nnq.QFunctional()
-        functional.scale, functional.zero_point = output.scale, output.zero_point
+        functional: nn.Module = nn.Identity()  # oneDNN: the lowering computes it
+        if backend != ONEDNN:
+            functional = nnq.QFunctional()
+            functional.scale, functional.zero_point = output.scale, output.zero_point
         op = wrapper.wrapped
         kind = ("add" if isinstance(op, EltwiseAdd) else "mul" if isinstance(op, EltwiseMult)
                 else "cat")
@@ -315,15 +375,17 @@ def _set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(parent, child, module)
 
 
-def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
-    """A new model computing the simulated-quantized `model` with torch's int8 kernels (CPU)."""
+def convert_to_int8(model: nn.Module, backend: str = AUTO) -> nn.Module:
+    """A new model computing the simulated-quantized `model` with int8 kernels (CPU)."""
     if backend not in INT8_BACKENDS:
         raise unknown_choice("int8 backend", backend, INT8_BACKENDS)
-    if backend not in torch.backends.quantized.supported_engines:
+    backend = resolve_backend(model, backend)
+    if backend in TORCH_ENGINES and backend not in torch.backends.quantized.supported_engines:
         raise QuantizationError(f"this PyTorch build lacks the {backend} int8 engine; use one of "
                                 f"{', '.join(torch.backends.quantized.supported_engines)}")
     check_convertible(model, backend)
-    torch.backends.quantized.engine = backend
+    if backend in TORCH_ENGINES:
+        torch.backends.quantized.engine = backend
     converted = copy.deepcopy(model).cpu().eval()
     called = None  # a traced model: the modules its graph calls (the others run inside them)
     if isinstance(converted, torch.fx.GraphModule):
@@ -332,7 +394,7 @@ def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
         if not name or _inside_replaced(converted, name):
             continue
         if isinstance(module, QuantWrapper):
-            _set_module(converted, name, _convert(module))
+            _set_module(converted, name, _convert(module, backend))
         elif isinstance(module, QUANTIZED_SAFE_MODULES):
             continue
         elif called is not None and name in called:
@@ -341,7 +403,11 @@ def convert_to_int8(model: nn.Module, backend: str = "x86") -> nn.Module:
             _set_module(converted, name, _Dequantized(module))
     if isinstance(converted, torch.fx.GraphModule):
         float_functional_inputs(converted)  # functional ops compute in float, as simulated
-        lower_int8_graph(converted, _Int8Module, _Dequantized)
+        if backend == ONEDNN:
+            lower_onednn_graph(converted, _Int8Module, _Dequantized, QUANTIZED_SAFE_MODULES)
+            flatten_calls(converted)
+        else:
+            lower_int8_graph(converted, _Int8Module, _Dequantized)
     return Int8Model(converted, backend).eval()
 
 
@@ -351,7 +417,12 @@ def kernels_saturate(backend: str) -> bool:
     x86 CPUs without VNNI multiply u8 by s8 in pairs summed into int16 (vpmaddubsw), which
     overflows beyond 7-bit activations; torch.ao's reduce_range exists for them. Measured, not
     guessed from CPU flags: one 3x3 convolution of 255s by 127s, whose exact sum needs 32 bits.
+    `auto` is probed on oneDNN where it is available (the same instructions compute both).
     """
+    if backend == ONEDNN or (backend == AUTO and onednn_available()):
+        return onednn_saturates()
+    if backend == AUTO:
+        backend = "x86"
     if backend not in torch.backends.quantized.supported_engines:
         return False
     previous = torch.backends.quantized.engine

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from compressor.quantization.graph import ensure_float, exact_on_quantized
 
-__all__ = ["lower_int8_graph", "requantize", "QUANTIZED_SAFE_MODULES"]
+__all__ = ["lower_int8_graph", "requantize", "QUANTIZED_SAFE_MODULES", "flatten_calls"]
 
 _UNKNOWN = object()  # a value whose grid the graph does not tell
 # modules exact on quantized tensors (they move or pick values; a ReLU clamps at the zero
@@ -149,15 +149,13 @@ def lower_int8_graph(module: torch.fx.GraphModule, int8_module: type,
         node.replace_all_uses_with(call)
         graph.erase_node(node)
         grids[call] = target.output
-    _flatten_calls(module)
-    graph.lint()
-    module.recompile()
-    return module
+    return flatten_calls(module)
 
 
-def _flatten_calls(module: torch.fx.GraphModule) -> None:
+def flatten_calls(module: torch.fx.GraphModule) -> torch.fx.GraphModule:
     """Drop the calls of identities (folded batch norms, fused ReLUs) and call every other
-    module by a name on the root (a nested name costs an attribute lookup per level per call)."""
+    module by a name on the root (a nested name costs an attribute lookup per level per call).
+    In place; returns `module`."""
     graph = module.graph
     for node in list(graph.nodes):
         if node.op != "call_module":
@@ -171,6 +169,9 @@ def _flatten_calls(module: torch.fx.GraphModule) -> None:
             if not hasattr(module, flat):
                 module.add_module(flat, called)
             node.target = flat
+    graph.lint()
+    module.recompile()
+    return module
 
 
 def _lower_bn_relu(module: torch.fx.GraphModule, node: torch.fx.Node, wrapper: Any,

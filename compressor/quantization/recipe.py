@@ -18,6 +18,7 @@ from compressor.models.description import (
     description_of,
 )
 from compressor.quantization.int8 import convert_to_int8, kernels_saturate
+from compressor.quantization.int8_onednn import ONEDNN, onednn_available
 from compressor.quantization.packing import pack_state_dict, unpack_state_dict
 from compressor.quantization.post_train import quantize_from_recipe
 from compressor.quantization.qat_build import qat_from_recipe
@@ -70,6 +71,9 @@ class QuantizationTransform:
         if not _post_training(recipe) or recipe.get("kernels") != "int8":
             return model
         backend = recipe.get("backend", "x86")
+        if backend == ONEDNN and not onednn_available():
+            LOG.info("this torch build lacks oneDNN's int8 kernels: the model runs on x86's")
+            backend = "x86"
         reduced = bool(recipe.get("settings", {}).get("reduce_range", False))
         if not reduced and kernels_saturate(backend):
             LOG.warning("this CPU's %s int8 kernels saturate the model's 8-bit activations (no "

@@ -81,7 +81,7 @@ class QuantizeConfig:
 
     quantize: bool = False
     convert: bool = False
-    backend: str = "x86"
+    backend: str = "auto"
     mode_acts: str = "sym"
     mode_wts: str = "sym"
     bits_acts: int = 8
