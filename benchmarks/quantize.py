@@ -96,6 +96,10 @@ CONFIGS = (
     Config("fp32", "fp32"),
     Config(EXPORTED_CONFIG, "PTQ 8/8 asym_u acts, sym per-channel wts, MSE (torch.ao's recipe)",
            "fp32", qe_flags=PTQ_8_TORCH_RECIPE),
+    # the same model on torch.ao's quantized engine (the default, auto, runs oneDNN's kernels
+    # wherever weights are symmetric; rows with asymmetric weights run on x86 anyway)
+    Config("ptq8mse-x86", "  the same on torch.ao's x86 engine (--qe-pytorch-backend x86)",
+           "fp32", qe_flags=(*PTQ_8_TORCH_RECIPE, "--qe-pytorch-backend", "x86")),
     Config("ptq8ao", "PTQ 8/8 asym_u acts, sym per-channel wts, min/max", "fp32",
            qe_flags=PTQ_8_MIN_MAX),
     Config("ptq8", "PTQ 8/8 sym, per-tensor", "fp32", qe_flags=PTQ_8_PER_TENSOR),
@@ -254,7 +258,8 @@ def _calibration(results: dict[str, Any]) -> str:
 
 def _kernels(results: dict[str, Any]) -> str:
     if "kernels" in results:
-        return str(results["kernels"])
+        backend = results.get("backend")
+        return f"{results['kernels']} ({backend})" if backend else str(results["kernels"])
     recipe_kinds = results.get("transforms", [])
     return "simulated" if "quantization" in recipe_kinds else "float"
 

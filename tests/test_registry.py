@@ -59,6 +59,25 @@ def test_builds_and_trains_at_its_input_spec(arch: str) -> None:
     assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
+@pytest.mark.parametrize("arch", list_archs())
+def test_every_arch_takes_its_own_input_spec(arch: str) -> None:
+    """Built without weights (meta device) and run on a batch of its InputSpec's size, every
+    registered architecture gives its logits: vit_h_14's spec is its weights' 518 px, and its
+    model, built from scratch, took 224 only. RegNet's builder reads tensor values: it is
+    built for real, at its spec, by the tests that quantize it."""
+    spec = get_arch_spec(arch)
+    input_spec = spec.input_spec(spec.default_dataset)
+    try:
+        with torch.device("meta"):
+            model = create_model(arch, spec.default_dataset).eval()
+    except NotImplementedError:
+        assert arch.startswith("regnet_"), arch
+        return
+    with torch.device("meta"), torch.no_grad():
+        output = main_logits(model(torch.empty(1, *input_spec.input_size)))
+    assert output.shape == (1, description_of(model).num_classes)
+
+
 def test_unknown_arch_and_attr_and_dataset_are_errors() -> None:
     with pytest.raises(UsageError, match="did you mean resnet20_cifar"):
         get_arch_spec("resnet20_cifr")

@@ -142,6 +142,11 @@ CHECKPOINT_BLOCKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("densenet", ("_DenseLayer",)),
 )
 
+# Builders whose model fixes its input size, and the argument that sets it, by model-name
+# prefix: built from scratch a ViT defaults to 224 px, whatever size its InputSpec (from its
+# weights: vit_h_14's are at 518 px) feeds it.
+INPUT_SIZE_ARGS: tuple[tuple[str, str], ...] = (("vit_", "image_size"),)
+
 # Models whose torchvision defaults we change, with the reason in DESIGN.md: both get their
 # input normalization from the InputSpec (transform_input=False) and train with aux heads.
 SPECIAL_CASES: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
@@ -177,6 +182,7 @@ def _register(name: str) -> None:
                          spec.interpolation)
     blocks = next((b for prefix, b in CHECKPOINT_BLOCKS if name.startswith(prefix)), ())
     model_attrs = special.get("model_attrs", {})
+    size_arg = next((arg for prefix, arg in INPUT_SIZE_ARGS if name.startswith(prefix)), None)
 
     @register_model(name, datasets=("imagenet",), input_specs={"imagenet": spec},
                     weights=str(weights) if weights is not None else None,
@@ -184,6 +190,8 @@ def _register(name: str) -> None:
     def build(*, num_classes: int, input_spec: InputSpec, **attrs: Any) -> nn.Module:
         if model_attrs:  # Inception/GoogLeNet: avoid the slow scipy-free init warning path
             attrs.setdefault("init_weights", True)
+        if size_arg is not None:  # the size the InputSpec feeds
+            attrs.setdefault(size_arg, input_spec.crop_size)
         if name in OPT_IN_CLASSES:  # what get_model(name, weights=None) builds, opted in
             return OPT_IN_CLASSES[name](num_classes=num_classes, **attrs)
         if name in DISTILLER_RESNETS:  # what get_model(name, weights=None) builds, renamed
