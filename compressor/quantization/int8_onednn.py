@@ -3,19 +3,12 @@
 torch 2.14 deprecates the quantized tensor types (quint8, qint8) that torch.ao's quantized modules
 compute with. What replaces them for x86 CPUs is torchao's PT2E quantization lowered by inductor
 onto `torch.ops.onednn.qconv_pointwise` / `qlinear_pointwise`: kernels that take plain uint8
-activations and int8 weights with their scales and zero points as arguments. This backend calls
-those kernels directly on the traced graph `convert_to_int8` builds, with the simulation's
-integers and scales, so the int8 model needs neither the deprecated types nor inductor:
-
-- every value of the graph is float or uint8 on a grid known where the graph is built (the layer
-  that produced it, through ops that move values without arithmetic);
-- convolutions and linear layers run oneDNN's int8 kernels, a ReLU fused, their output
-  requantized by the kernel; another activation runs in float on the kernel's float output and
-  is quantized to the layer's grid, as the simulation quantizes once, after it;
-- a concatenation of inputs on its grid is torch.cat of the integers; adds, multiplies,
-  activations and the float leaves (batch norms left standalone, average pools) compute in
-  float from dequantized inputs and quantize their result where a grid follows, as simulated;
-- max pooling, flattens, views and shuffles run on the integers; a ReLU clamps at the zero point.
+activations and int8 weights with their scales and zero points as arguments. The modules here
+call those kernels directly with the simulation's integers and scales, so the int8 model needs
+neither the deprecated types nor inductor: OnednnLayer (a conv or linear layer, its activation
+a post-op), OnednnPointwise (a depthwise 1x1 kernel for requantizations, adds, activations and
+batch norms between two grids), and the simulation's own quantize / dequantize formulas where
+the graph enters or leaves the integers (int8_onednn_graph.py places them).
 
 oneDNN's kernels take symmetric weights only (a weight zero point is ignored), and the graph is
 needed; `onednn_problem` names what keeps a model from this backend, and `auto` then uses x86.
@@ -32,7 +25,7 @@ from torch import Tensor, nn
 from compressor.quantization.wrappers import ParamLayerWrapper
 
 __all__ = ["ONEDNN", "onednn_available", "onednn_problem", "OnednnLayer", "OnednnPointwise",
-           "dequantize_uint8", "quantize_uint8", "requantize_uint8", "eltwise_uint8",
+           "dequantize_uint8", "quantize_uint8", "eltwise_uint8",
            "relu_uint8", "onednn_saturates", "supported_post_op"]
 
 ONEDNN = "onednn"
@@ -58,6 +51,8 @@ def onednn_problem(model: nn.Module) -> str | None:
             return f"layer '{name}' is a {type(layer).__name__}"
         if isinstance(layer, _CONVS) and layer.padding_mode != "zeros":
             return f"layer '{name}' pads with '{layer.padding_mode}'"
+        if isinstance(layer, _CONVS) and isinstance(layer.padding, str):
+            return f"layer '{name}' has padding '{layer.padding}'"
         if bool((module.weight_zero_point != 0).any()):
             return f"layer '{name}' has asymmetric weights (oneDNN takes weight zero point 0)"
     return None
@@ -78,15 +73,8 @@ def quantize_uint8(x: Tensor, sim_scale: float, sim_zero_point: float, zero_poin
             .clamp_(0, top).to(torch.uint8))
 
 
-def requantize_uint8(x: Tensor, from_scale: float, from_zero_point: int, sim_scale: float,
-                      sim_zero_point: float, zero_point: int, top: int) -> Tensor:
-    """uint8 integers on one grid moved onto another."""
-    return quantize_uint8(dequantize_uint8(x, from_scale, from_zero_point), sim_scale,
-                          sim_zero_point, zero_point, top)
-
-
 def eltwise_uint8(kind: str, sim_scale: float, sim_zero_point: float, zero_point: int,
-                   top: int, *xs: Tensor) -> Tensor:
+                  top: int, *xs: Tensor) -> Tensor:
     """A float add (add_relu) or multiply of `xs` quantized onto the output grid."""
     result = xs[0]
     for other in xs[1:]:

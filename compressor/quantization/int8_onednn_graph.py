@@ -33,7 +33,6 @@ from compressor.quantization.int8_onednn import (
     eltwise_uint8,
     quantize_uint8,
     relu_uint8,
-    requantize_uint8,
     supported_post_op,
 )
 
@@ -45,7 +44,7 @@ _BATCH_NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 # values the graph computes that are not tensors: they never lie on a grid
 _NOT_TENSORS = {("call_function", getattr), ("call_method", "size"), ("call_method", "dim")}
 # functions returning a new uint8 tensor (a kernel may write its result into it)
-_FRESH_FUNCTIONS = (quantize_uint8, requantize_uint8, eltwise_uint8, relu_uint8, torch.cat)
+_FRESH_FUNCTIONS = (quantize_uint8, eltwise_uint8, relu_uint8, torch.cat)
 
 
 class _Lowering:
