@@ -321,7 +321,7 @@ def int8_agreements(runs: dict[str, Path], loader: DataLoader) -> dict[str, floa
     `loader`."""
     found = {}
     for name, run_dir in runs.items():
-        if _kernels(_results(run_dir)) != "int8":
+        if _results(run_dir).get("kernels") != "int8":
             continue
         int8 = load_model(final_checkpoint(run_dir)).eval()
         simulated = stored_form(int8).eval()
