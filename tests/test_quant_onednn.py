@@ -145,13 +145,21 @@ def test_onednn_int8_follows_the_simulation_and_copies(arch: str, side: int | No
     assert (got - sim).abs().max() <= 0.1 * scale
 
 
-def test_the_default_int8_run_is_quiet_and_says_its_kernels(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def float_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A float simplenet_digits checkpoint (one epoch)."""
+    out = tmp_path_factory.mktemp("onednn")
+    train = ("-a", "simplenet_digits", *COMMON, "--lr", "0.1", "--etrs", "0.3")
+    first = run_cli(*train, "--epochs", "1", "-o", str(out), "-n", "fp32")
+    assert first.returncode == 0, first.stderr[-2000:]
+    return out / "fp32" / "checkpoint.pth.tar"
+
+
+def test_the_default_int8_run_is_quiet_and_says_its_kernels(float_checkpoint: Path,
+                                                             tmp_path: Path) -> None:
     """The demo's int8 stage: no torch warning (the deprecated quantized tensors are not used,
     not silenced), and the results name the kernels."""
-    train = ("-a", "simplenet_digits", *COMMON, "--lr", "0.1", "--etrs", "0.3")
-    first = run_cli(*train, "--epochs", "1", "-o", str(tmp_path), "-n", "fp32")
-    assert first.returncode == 0, first.stderr[-2000:]
-    checkpoint = tmp_path / "fp32" / "checkpoint.pth.tar"
+    checkpoint = float_checkpoint
     result = run_cli("--resume-from", str(checkpoint), "-e", *COMMON, "-o", str(tmp_path),
                      "--qe", "--qe-per-channel", "--qe-calibration", "0.2",
                      "--qe-convert-pytorch", "-n", "int8", fresh=True)
@@ -166,11 +174,9 @@ def test_the_default_int8_run_is_quiet_and_says_its_kernels(tmp_path: Path) -> N
     assert rebuilt["top1"] == pytest.approx(results["quantized_top1"], abs=1e-6)
 
 
-def test_asymmetric_weights_on_onednn_are_refused_in_one_line(tmp_path: Path) -> None:
-    train = ("-a", "simplenet_digits", *COMMON, "--lr", "0.1", "--etrs", "0.2")
-    first = run_cli(*train, "--epochs", "1", "-o", str(tmp_path), "-n", "fp32")
-    assert first.returncode == 0, first.stderr[-2000:]
-    result = run_cli("--resume-from", str(tmp_path / "fp32" / "checkpoint.pth.tar"), "-e",
+def test_asymmetric_weights_on_onednn_are_refused_in_one_line(float_checkpoint: Path,
+                                                              tmp_path: Path) -> None:
+    result = run_cli("--resume-from", str(float_checkpoint), "-e",
                      *COMMON, "-o", str(tmp_path), "--qe", "--qem", "asym_u", "--qept",
                      "--qe-pytorch-backend", "onednn", "-n", "refused")
     assert result.returncode == 2, result.stderr[-2000:]
