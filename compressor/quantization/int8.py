@@ -290,20 +290,15 @@ def _grid_bias(wrapper: ParamLayerWrapper) -> Tensor:
     return bias.detach().float()
 
 
-def _onednn_layer(wrapper: ParamLayerWrapper) -> nn.Module:
+def _onednn_layer(wrapper: ParamLayerWrapper, x_grid: Grid, out_grid: Grid) -> nn.Module:
     """The conv / linear (+ activation) on oneDNN's kernels with the wrapper's integers."""
     ints, scale, _ = weight_integers(wrapper)
     bias = None if wrapper.wrapped.bias is None else _grid_bias(wrapper)
-    assert wrapper.output is not None and wrapper.inputs[0] is not None
-    x_grid = activation_grid(*wrapper.qparams("input0"), wrapper.inputs[0])
-    out_grid = activation_grid(*wrapper.qparams("output"), wrapper.output)
     return OnednnLayer(wrapper, ints, scale, bias, x_grid, out_grid)
 
 
-def _convert_param(wrapper: ParamLayerWrapper, backend: str) -> nn.Module:
+def _convert_param(wrapper: ParamLayerWrapper) -> nn.Module:
     """A quantized conv / linear (+ ReLU) with the wrapper's integers and scales."""
-    if backend == ONEDNN:
-        return _onednn_layer(wrapper)
     layer = wrapper.wrapped
     fused_relu = type(wrapper.activation) is nn.ReLU
     if isinstance(layer, nn.Linear):
@@ -344,7 +339,11 @@ def _replacement(wrapper: QuantWrapper, backend: str) -> _Int8Module:
     assert wrapper.output is not None
     output = activation_grid(*wrapper.qparams("output"), wrapper.output)
     if isinstance(wrapper, ParamLayerWrapper):
-        module = _Int8Module(_convert_param(wrapper, backend), _inputs(wrapper), output)
+        inputs = _inputs(wrapper)
+        assert inputs[0] is not None  # check_convertible: 8-bit inputs
+        layer = (_onednn_layer(wrapper, inputs[0], output) if backend == ONEDNN
+                 else _convert_param(wrapper))
+        module = _Int8Module(layer, inputs, output)
         module.pre_pad = input_padding(wrapper.wrapped)
         return module
     if isinstance(wrapper, EltwiseWrapper):

@@ -106,15 +106,10 @@ class OnednnLayer(nn.Module):
         self.register_buffer("w_scale", w_scale.float().reshape(-1).expand(channels).clone())
         self.register_buffer("w_zero_point", torch.zeros(channels, dtype=torch.int64))
         self.register_buffer("bias", bias)
-        self.x_scale, self.x_zero_point = x_grid.scale, x_grid.zero_point
-        self.out_scale, self.out_zero_point, self.out_top = (out_grid.scale, out_grid.zero_point,
-                                                             out_grid.top)
-        self.out_quantize_args = out_grid.quantize_args()
+        self.x_grid, self.out_grid = x_grid, out_grid
         activation = wrapper.activation
         self.attr, self.scalars = _post_op(activation)
-        self.fused_relu = self.attr == "relu"
         self.activation = activation if self.attr == "none" else None  # computed in float
-        self.is_conv2d = isinstance(layer, nn.Conv2d)
         self._packed: Tensor | None = None  # oneDNN's opaque weight, packed on the first call
 
     def __getstate__(self) -> dict[str, Any]:
@@ -126,8 +121,8 @@ class OnednnLayer(nn.Module):
     def _pack(self) -> Tensor:
         if self.is_conv:
             return torch.ops.onednn.qconv_prepack(
-                self.weight_ints, self.w_scale, self.x_scale, self.x_zero_point, self.stride,
-                self.padding, self.dilation, self.groups, None)
+                self.weight_ints, self.w_scale, self.x_grid.scale, self.x_grid.zero_point,
+                self.stride, self.padding, self.dilation, self.groups, None)
         return torch.ops.onednn.qlinear_prepack(self.weight_ints, None)
 
     def packed(self) -> Tensor:
@@ -138,29 +133,31 @@ class OnednnLayer(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """The layer's uint8 output on its grid."""
+        x_grid, out_grid = self.x_grid, self.out_grid
         to_float = self.activation is not None
-        scale, zero_point = (1.0, 0) if to_float else (self.out_scale, self.out_zero_point)
+        scale, zero_point = (1.0, 0) if to_float else (out_grid.scale, out_grid.zero_point)
         dtype = torch.float32 if to_float else torch.uint8
         if self.is_conv:
             out = torch.ops.onednn.qconv_pointwise(
-                x, self.x_scale, self.x_zero_point, self.packed(), self.w_scale,
+                x, x_grid.scale, x_grid.zero_point, self.packed(), self.w_scale,
                 self.w_zero_point, self.bias, self.stride, self.padding, self.dilation,
                 self.groups, scale, zero_point, dtype, self.attr, self.scalars, "")
         else:
             out = torch.ops.onednn.qlinear_pointwise(
-                x, self.x_scale, self.x_zero_point, self.packed(), self.w_scale,
+                x, x_grid.scale, x_grid.zero_point, self.packed(), self.w_scale,
                 self.w_zero_point, self.bias, scale, zero_point, dtype, self.attr,
                 self.scalars, "")
         if to_float:
             assert self.activation is not None
-            return quantize_uint8(self.activation(out), *self.out_quantize_args)
-        return out if self.out_top >= 255 else out.clamp_max_(self.out_top)
+            return quantize_uint8(self.activation(out), *out_grid.quantize_args())
+        return out if out_grid.top >= 255 else out.clamp_max_(out_grid.top)
 
     def extra_repr(self) -> str:
         """Kind, grids, fused activation."""
         kind = "conv" if self.is_conv else "linear"
-        return (f"{kind}, x=({self.x_scale:.4g}, {self.x_zero_point}), "
-                f"out=({self.out_scale:.4g}, {self.out_zero_point}), post_op={self.attr}")
+        return (f"{kind}, x=({self.x_grid.scale:.4g}, {self.x_grid.zero_point}), "
+                f"out=({self.out_grid.scale:.4g}, {self.out_grid.zero_point}), "
+                f"post_op={self.attr}")
 
 
 def supported_post_op(activation: nn.Module | None) -> bool:
@@ -216,18 +213,17 @@ class OnednnPointwise(nn.Module):
     def _weights(self, channels: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """(packed weight, weight scales, weight zero points, bias) for `channels`."""
         if channels not in self._packed:
-            gain = torch.ones(channels) if self.gain is None else self.gain
-            ints = torch.where(gain == 0, 0, torch.where(gain > 0, 127, -127)).to(torch.int8)
-            scale = torch.where(gain == 0, torch.ones_like(gain), gain.abs() / 127)
             if self.gain is None:  # exactly one
                 ints, scale = torch.ones(channels, dtype=torch.int8), torch.ones(channels)
-            ints = ints.reshape(channels, 1, 1, 1)
+            else:
+                gain = self.gain
+                ints = torch.where(gain == 0, 0, torch.where(gain > 0, 127, -127)).to(torch.int8)
+                scale = torch.where(gain == 0, torch.ones_like(gain), gain.abs() / 127)
             packed = torch.ops.onednn.qconv_prepack(
-                ints, scale, self.x_grid.scale, self.x_grid.zero_point, [1, 1], [0, 0], [1, 1],
-                channels, None)
-            bias = self.bias if self.bias is not None else None
+                ints.reshape(channels, 1, 1, 1), scale, self.x_grid.scale,
+                self.x_grid.zero_point, [1, 1], [0, 0], [1, 1], channels, None)
             self._packed[channels] = (packed, scale, torch.zeros(channels, dtype=torch.int64),
-                                      bias)
+                                      self.bias)
         return self._packed[channels]
 
     def forward(self, x: Tensor, accum: Tensor | None = None) -> Tensor:
