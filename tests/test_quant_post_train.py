@@ -23,7 +23,8 @@ from compressor.quantization.post_train import (
 )
 from compressor.quantization.range_linear import quant_params
 from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats, load_stats
+from compressor.quantization.stats import collect_stats
+from compressor.quantization.stats_file import load_stats
 from tests.conftest import CORPUS, trained_like_batchnorms
 
 STATS_DIR = CORPUS / "quantization" / "post_train_quant" / "stats"

@@ -36,7 +36,7 @@ from compressor.quantization.range_linear import (
     quant_params,
     weight_quant_params,
 )
-from compressor.quantization.stats import parse_stats
+from compressor.quantization.stats_file import parse_stats
 
 QAT_DIR = Path(__file__).resolve().parents[2] / "shared/distiller-schedules/quantization/" \
     "quant_aware_train"

@@ -138,7 +138,7 @@ def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Mo
                facts: dict[str, Any], histograms: bool) -> dict[str, Any] | None:
     """Statistics from the file given, else calibration (--qe-calibration, default 5%; with
     histograms when a layer clips by them)."""
-    from compressor.quantization.stats import load_stats
+    from compressor.quantization.stats_file import load_stats
 
     stats_file = config.stats_file or settings_stats
     if config.dynamic:
@@ -279,7 +279,7 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
     """Refuse a bad quantization request before any file is written: settings, layer names,
     the statistics file, widths that int8 kernels cannot take, quantizing twice."""
     from compressor.quantization.settings import resolve_layers
-    from compressor.quantization.stats import load_stats
+    from compressor.quantization.stats_file import load_stats
 
     kind = _kind_to_quantize(model, config, source)
     recipe = description_of(model).recipe(QUANTIZATION) or {}
@@ -386,7 +386,7 @@ def quantized_checkpoint_path(run_dir: Path) -> Path:
 def _calibrate_only(model: nn.Module, config: QuantizeConfig, calibration: Calibration,
                     batch_size: int, seed: int, run_dir: Path | None) -> dict[str, Any]:
     """--qe-calibration alone: Distiller's statistics file in the run directory, nothing else."""
-    from compressor.quantization.stats import STATS_FILE_NAME, save_stats
+    from compressor.quantization.stats_file import STATS_FILE_NAME, save_stats
 
     assert config.calibration is not None
     graph = quantization_graph(model, config, str(description_of(model).arch))  # reads only

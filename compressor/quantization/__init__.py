@@ -67,16 +67,15 @@ from compressor.quantization.settings import (
     settings_from_args,
     with_layer_overrides,
 )
-from compressor.quantization.stats import (
+from compressor.quantization.stats import collect_stats, tensor_stats
+from compressor.quantization.stats_file import (
     STAT_KEYS,
     STATS_FILE_NAME,
     ActivationStats,
-    collect_stats,
     dump_stats,
     load_stats,
     parse_stats,
     save_stats,
-    tensor_stats,
 )
 
 __all__ = [

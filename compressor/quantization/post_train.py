@@ -42,7 +42,7 @@ from compressor.quantization.settings import (
     quantizable_modules,
     resolve_layers,
 )
-from compressor.quantization.stats import ActivationStats, parse_stats
+from compressor.quantization.stats_file import ActivationStats, parse_stats
 from compressor.quantization.wrappers import (
     ActivationWrapper,
     EltwiseWrapper,
