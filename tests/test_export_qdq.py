@@ -64,6 +64,8 @@ def test_cli_exports_the_int8_checkpoint_as_qdq_checked_against_the_kernels(tmp_
     assert exported.returncode == 0, exported.stderr[-2000:]
     record = json.loads((tmp_path / "x" / "export.json").read_text())
     assert record["kind"] == "qdq"
+    assert set(record["integer_rewrites"]) == {"requantize_folded", "integer_concat",
+                                               "batch_norm_as_int8_conv"}
     assert record["check"]["max_abs_diff"] <= record["check"]["allowed"]
     versus = record["versus_int8"]
     # An untrained model has near-tied logits; one rounding step may flip those and no others.

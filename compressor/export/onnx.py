@@ -20,6 +20,9 @@ Every export is checked before it is written: `onnx.checker.check_model` (full c
 CPUExecutionProvider session on the serialized bytes, and its outputs on the sample batch
 (and at another batch size, which exercises the dynamic batch axis) against PyTorch's, within
 the export kind's tolerance. Only then does `atomic_write` put the file at its destination.
+A QDQ export is first given its integer form (compressor.export.qdq_graph): requantizations on
+one grid folded, concatenations on integers, batch norms between grids as int8 convolutions;
+export.json counts each rewrite under "integer_rewrites".
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from compressor.export.qdq_graph import integer_rewrites
 from compressor.models.description import description_of, unwrap_model
 from compressor.models.layers.inplace_abn import InPlaceABN
 from compressor.utils.atomic_io import atomic_write, atomic_write_text
@@ -247,6 +251,7 @@ def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Pa
     # Traced at batch 2 at least: a batch of one would be specialized, not left dynamic.
     traced = sample if sample.shape[0] > 1 else torch.cat([sample, sample])
     proto = _trace(_unfuse(form), traced, arch)
+    rewrites = integer_rewrites(proto) if kind == "qdq" else None
     onnx.helper.set_model_props(proto, {
         "arch": arch, "dataset": description.dataset,
         "input_spec": json.dumps(spec.to_dict(), sort_keys=True)})
@@ -274,6 +279,8 @@ def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Pa
         "versions": {"torch": torch.__version__, "onnx": onnx.__version__,
                      "onnxruntime": ort.__version__},
     }
+    if rewrites is not None:
+        record["integer_rewrites"] = rewrites
     if compare_with is not None:
         record[f"versus_{compared or 'reference'}"] = _agreement(ort_outputs, compare_with,
                                                                  sample)
