@@ -258,6 +258,11 @@ def test_a_concatenation_shares_one_grid_with_its_inputs(backend: str) -> None:
             assert torch.equal(cat.qparams(f"input{i}")[0], cat.qparams("output")[0]), name
     code = int8.model.code
     assert "torch.cat(" in code and "quantized.cat" not in code
+    # a block's input (a transition's float pooling) is concatenated by each of its 6 layers
+    # and quantized once, not once per layer
+    for pool in ("features_transition1_pool", "features_transition2_pool"):
+        assert sum(f"quantize_uint8({pool}," in line or f"requantize({pool}," in line
+                   for line in code.splitlines()) == 1, pool
     # every concatenation's norm -> ReLU but the last one's (the final ReLU is functional)
     if backend == "x86":
         assert sum(type(m).__name__ == "BNReLU2d" for m in int8.modules()) == len(cats) - 1

@@ -21,6 +21,7 @@ from compressor.quantization.int8 import (
     resolve_backend,
 )
 from compressor.quantization.int8_onednn import (
+    OnednnLayer,
     OnednnPointwise,
     dequantize_uint8,
     onednn_available,
@@ -139,7 +140,11 @@ def test_onednn_int8_follows_the_simulation_and_copies(arch: str, side: int | No
     with torch.no_grad():
         sim, got = simulated(inputs), int8(inputs)
         copied = copy.deepcopy(int8)(inputs)  # the packed weights are packed again
+        one = int8(inputs[:1])  # weights packed for a second input shape
     assert got.dtype == torch.float32 and torch.equal(copied, got)
+    assert torch.equal(one, got[:1])
+    layers = [m for m in int8.modules() if isinstance(m, OnednnLayer)]
+    assert all(len(layer._packed) == 2 for layer in layers)
     assert (got.argmax(1) == sim.argmax(1)).float().mean() >= 0.75
     scale = float((sim.max() - sim.min()).clamp_min(1e-6))
     assert (got - sim).abs().max() <= 0.1 * scale

@@ -65,14 +65,22 @@ def _grid_of(node: Any, grids: dict[torch.fx.Node, Any], modules: dict[str, nn.M
     return _UNKNOWN  # requantize nodes' grids are set where they are made
 
 
-def _onto(graph: torch.fx.Graph, value: Any, grid: Any, known: Any) -> Any:
-    """`value` brought onto `grid` (None: float), by a node added only where needed."""
+def _onto(graph: torch.fx.Graph, value: Any, grid: Any, known: Any,
+          converted: dict[torch.fx.Node, list[tuple[Any, torch.fx.Node]]]) -> Any:
+    """`value` brought onto `grid` (None: float), by a node added only where needed and only
+    once (`converted`: the conversions made so far, per value)."""
     if known is not _UNKNOWN and known == grid:
         return value
+    done = [call for target, call in converted.get(value, []) if target == grid]
+    if done:
+        return done[0]  # DenseNet's block input: concatenated by every layer, quantized once
     if grid is None:
-        return graph.call_function(ensure_float, (value,))
-    bounds = grid.bounds() or (None, None)
-    return graph.call_function(requantize, (value, grid.scale, grid.zero_point, *bounds))
+        call = graph.call_function(ensure_float, (value,))
+    else:
+        bounds = grid.bounds() or (None, None)
+        call = graph.call_function(requantize, (value, grid.scale, grid.zero_point, *bounds))
+    converted.setdefault(value, []).append((grid, call))
+    return call
 
 
 def _kernel_call(graph: torch.fx.Graph, node: torch.fx.Node, module: Any,
@@ -124,6 +132,7 @@ def lower_int8_graph(module: torch.fx.GraphModule, int8_module: type,
     graph = module.graph
     modules = dict(module.named_modules())
     grids: dict[torch.fx.Node, Any] = {}
+    converted: dict[torch.fx.Node, list[tuple[Any, torch.fx.Node]]] = {}
     erased: set[torch.fx.Node] = set()
     for node in list(graph.nodes):
         if node in erased:
@@ -141,7 +150,8 @@ def lower_int8_graph(module: torch.fx.GraphModule, int8_module: type,
         required = list(target.inputs)
         with graph.inserting_before(node):
             inputs = [_onto(graph, arg, required[min(i, len(required) - 1)],
-                            grids.get(arg, _UNKNOWN)) if isinstance(arg, torch.fx.Node) else arg
+                            grids.get(arg, _UNKNOWN), converted)
+                      if isinstance(arg, torch.fx.Node) else arg
                       for i, arg in enumerate(node.args)]
             call = _kernel_call(graph, node, target, inputs)
             if target.clamp is not None:

@@ -57,6 +57,9 @@ class _Lowering:
         self.int8_module, self.dequantized_module = int8_module, dequantized_module
         self.safe_modules = safe_modules
         self.grids: dict[torch.fx.Node, Any] = {}  # a Grid: uint8 on it; absent / None: float
+        # value -> [(grid, the node bringing it there)]: a value read on one grid by several
+        # nodes (DenseNet's block input, concatenated by every layer) is converted once
+        self.converted: dict[torch.fx.Node, list[tuple[Any, torch.fx.Node]]] = {}
         self.added = 0
 
     def call_new(self, module: nn.Module, args: tuple[Any, ...]) -> torch.fx.Node:
@@ -74,6 +77,9 @@ class _Lowering:
         known = self.grids.get(value)
         if known == grid:
             return value
+        done = [call for target, call in self.converted.get(value, []) if target == grid]
+        if done:
+            return done[0]
         if grid is None:
             call = self.graph.call_function(dequantize_uint8, (value, *known.dequantize_args()))
         elif known is None:
@@ -81,6 +87,7 @@ class _Lowering:
         else:
             call = self.call_new(OnednnPointwise(known, grid), (value,))
         self.grids[call] = grid
+        self.converted.setdefault(value, []).append((grid, call))
         return call
 
     def floats(self, node: torch.fx.Node) -> None:
@@ -236,6 +243,9 @@ class _Lowering:
         x_grid, accum_grid = (target.inputs[i] for i in order)
         relu = nn.ReLU() if target.kind == "add_relu" else None
         shared = x is accum or not self.fresh(accum, node)
+        if not shared:  # the kernel writes into it: no later reader may be given it
+            for conversions in self.converted.values():
+                conversions[:] = [(grid, call) for grid, call in conversions if call is not accum]
         fused = OnednnPointwise(x_grid, target.output, activation=relu, accum_grid=accum_grid,
                                 accum_shared=shared)
         return self.call_new(fused, (x, accum))
