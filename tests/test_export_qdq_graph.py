@@ -100,23 +100,25 @@ def test_a_batch_norm_between_grids_becomes_an_int8_depthwise_conv() -> None:
     counts = integer_rewrites(after)
     cats = [m for m in simulated.modules() if isinstance(getattr(m, "wrapped", None), Concat)]
     assert counts["integer_concat"] == len(cats)
-    # the 21 norm -> ReLU of 18 dense layers, 2 transitions and the head: all read a grid but
-    # the norms after the transitions' average poolings, and all are quantized afterwards but
-    # the head's (its ReLU feeds the float global pooling)
+    # the 21 norm -> ReLU of 18 dense layers, 2 transitions and the head: all read a grid
+    # (directly, or through a transition's 2x2 average pooling: a 2x2 stride-2 conv), and all
+    # are quantized afterwards but the head's (its ReLU feeds the float global pooling)
     norms = [node for node in before.graph.node if node.op_type == "BatchNormalization"]
-    assert len(norms) == 21 and counts["batch_norm_as_int8_conv"] == 18
+    assert len(norms) == 21 and counts["batch_norm_as_int8_conv"] == 20
     producers = _producers(after)
     left = [node for node in after.graph.node if node.op_type == "BatchNormalization"]
-    assert [producers[node.input[0]].op_type for node in left] == [
-        "AveragePool", "AveragePool", "DequantizeLinear"]
+    assert len(left) == 1 and producers[left[0].input[0]].op_type == "DequantizeLinear"
     weights = {init.name: onnx.numpy_helper.to_array(init) for init in after.graph.initializer}
     depthwise = [node for node in after.graph.node if node.op_type == "Conv"
                  and next(a.i for a in node.attribute if a.name == "group") > 1]
     assert len(depthwise) == counts["batch_norm_as_int8_conv"]
+    kernels = []
     for conv in depthwise:
         ints = weights[producers[conv.input[1]].input[0]]
         assert ints.dtype == np.int8 and set(np.unique(np.abs(ints))) <= {0, 127}
         assert weights[producers[conv.input[2]].input[0]].dtype == np.int32
+        kernels.append(list(next(a.ints for a in conv.attribute if a.name == "kernel_shape")))
+    assert kernels.count([2, 2]) == 2 and kernels.count([1, 1]) == 18
     with torch.no_grad():
         sim = simulated(x).numpy()
     step = 1 / float(simulated.classifier.output_scale)

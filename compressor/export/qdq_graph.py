@@ -18,9 +18,12 @@ layer, and ran each batch norm as a float FakeQuantize behind a reference u8 -> 
   Relu), is a depthwise 1x1 convolution: int8 weights of +-127 whose per-channel scales
   |gain| / 127 give back the gains (to float32's rounding) and an int32 bias on the
   accumulator's grid, which runtimes fuse into an integer convolution (ONNX Runtime's
-  QLinearConv). Rounding the shift to the accumulator's grid moves a value by at most
-  |gain| * input scale / 254, under 1/127 of an input step before the output is rounded; the
-  export's check against ONNX Runtime and its comparison with the int8 kernels measure it.
+  QLinearConv). Where a plain average pooling (no padding) stands between the
+  DequantizeLinear and the norm (DenseNet's transitions), the pooling window is the conv's
+  kernel and stride, each weight gain / window. Rounding the shift to the accumulator's grid
+  moves a value by at most |gain| * input scale / 254, under 1/127 of an input step before the
+  output is rounded; the export's check against ONNX Runtime and its comparison with the int8
+  kernels measure it.
 
 Nothing else changes; nodes and initializers left unread are removed.
 """
@@ -149,9 +152,32 @@ def _quantized_after(graph: _Graph, name: str) -> bool:
     return reader is not None and reader.op_type == "QuantizeLinear"
 
 
-def _conv_of_batch_norm(graph: _Graph, norm: Any, x_scale: float, helper: Any,
-                        numpy_helper: Any) -> list[Any] | None:
-    """The nodes (and new initializers) of a depthwise 1x1 int8 conv computing `norm`."""
+def _pooling_window(graph: _Graph, name: str) -> tuple[Any, list[int], list[int]] | None:
+    """(the DequantizeLinear, kernel, strides) where `name` is a plain 2-d average pooling
+    (no padding, floor mode) of a DequantizeLinear; else None. (The pooling stays where
+    others read it: DenseNet quantizes it for the block's concatenations too.)"""
+    pool = graph.producer.get(name)
+    if pool is None or pool.op_type != "AveragePool":
+        return None
+    source = graph.dequantized(pool.input[0])
+    if source is None:
+        return None
+    attrs = {a.name: a for a in pool.attribute}
+    kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else []
+    plain = (len(kernel) == 2 and not any(attrs["pads"].ints if "pads" in attrs else [])
+             and not (attrs["ceil_mode"].i if "ceil_mode" in attrs else 0)
+             and (attrs["auto_pad"].s if "auto_pad" in attrs else b"NOTSET") in (b"NOTSET",
+                                                                                 b"VALID")
+             and all(d == 1 for d in (attrs["dilations"].ints if "dilations" in attrs else [])))
+    strides = list(attrs["strides"].ints) if "strides" in attrs else [1, 1]
+    return (source, kernel, strides) if plain else None
+
+
+def _conv_of_batch_norm(graph: _Graph, norm: Any, source: Any, kernel: list[int],
+                        strides: list[int], helper: Any, numpy_helper: Any
+                        ) -> list[Any] | None:
+    """The nodes (and new initializers) of a depthwise int8 conv computing `norm` of the
+    average over `kernel` windows (1x1: none) of `source`'s values."""
     params = [graph.constants.get(name) for name in norm.input[1:5]]
     if any(param is None for param in params):
         return None
@@ -159,17 +185,20 @@ def _conv_of_batch_norm(graph: _Graph, norm: Any, x_scale: float, helper: Any,
     epsilon = next((a.f for a in norm.attribute if a.name == "epsilon"), 1e-5)
     gain = weight / np.sqrt(var + epsilon)
     shift = bias - mean * gain
-    weight_scale = np.where(gain == 0, 1.0, np.abs(gain) / _INT8_GAIN).astype(np.float32)
+    window = int(np.prod(kernel))  # an average: each input weighs gain / window
+    weight_scale = np.where(gain == 0, 1.0, np.abs(gain) / (_INT8_GAIN * window)
+                            ).astype(np.float32)
+    x_scale = float(graph.constants[source.input[1]])
     bias_scale = (x_scale * weight_scale.astype(np.float64)).astype(np.float32)
     bias_int = np.round(shift / bias_scale.astype(np.float64))
     if not np.all(np.isfinite(bias_int)) or np.abs(bias_int).max(initial=0) > _INT32_MAX:
         return None  # a shift the accumulator cannot hold: the batch norm stays float
     channels = gain.size
     prefix = f"{norm.output[0]}_int8_conv"
+    ints = np.broadcast_to((np.sign(gain) * _INT8_GAIN).astype(np.int8).reshape(-1, 1, 1, 1),
+                           (channels, 1, *kernel))
     graph.graph.initializer.extend([
-        numpy_helper.from_array(
-            (np.sign(gain) * _INT8_GAIN).astype(np.int8).reshape(channels, 1, 1, 1),
-            f"{prefix}_weight"),
+        numpy_helper.from_array(np.ascontiguousarray(ints), f"{prefix}_weight"),
         numpy_helper.from_array(weight_scale, f"{prefix}_weight_scale"),
         numpy_helper.from_array(np.zeros(channels, np.int8), f"{prefix}_weight_zero_point"),
         numpy_helper.from_array(bias_int.astype(np.int32), f"{prefix}_bias"),
@@ -182,23 +211,27 @@ def _conv_of_batch_norm(graph: _Graph, norm: Any, x_scale: float, helper: Any,
         helper.make_node("DequantizeLinear", [f"{prefix}_bias", f"{prefix}_bias_scale",
                                               f"{prefix}_bias_zero_point"],
                          [f"{prefix}_bias_float"], axis=0),
-        helper.make_node("Conv", [norm.input[0], f"{prefix}_weight_float",
+        helper.make_node("Conv", [source.output[0], f"{prefix}_weight_float",
                                   f"{prefix}_bias_float"], [norm.output[0]],
-                         name=f"{prefix}", group=channels, kernel_shape=[1, 1])]
+                         name=f"{prefix}", group=channels, kernel_shape=kernel,
+                         strides=strides)]
 
 
 def _batch_norm_as_int8_conv(graph: _Graph, helper: Any, numpy_helper: Any) -> int:
-    """DQ -> BatchNormalization -> (Relu) -> Q  ->  DQ -> depthwise 1x1 int8 Conv -> ..."""
+    """DQ -> (AveragePool) -> BatchNormalization -> (Relu) -> Q  ->  DQ -> depthwise int8
+    Conv -> (Relu) -> Q; an average pooling between them (DenseNet's transitions) is the
+    conv's window."""
     nodes, rewritten = [], 0
     for node in graph.graph.node:
-        source = graph.dequantized(node.input[0]) if node.input else None
-        grid = graph.grid(source)
         replacement = None
         if (node.op_type == "BatchNormalization" and len(node.output) == 1
-                and _per_tensor(grid) and graph.ranks.get(node.output[0]) == 4
+                and graph.ranks.get(node.output[0]) == 4
                 and _quantized_after(graph, node.output[0])):
-            x_scale = float(graph.constants[source.input[1]])
-            replacement = _conv_of_batch_norm(graph, node, x_scale, helper, numpy_helper)
+            source = graph.dequantized(node.input[0])
+            window = (source, [1, 1], [1, 1]) if source is not None else \
+                _pooling_window(graph, node.input[0])
+            if window is not None and _per_tensor(graph.grid(window[0])):
+                replacement = _conv_of_batch_norm(graph, node, *window, helper, numpy_helper)
         if replacement is None:
             nodes.append(node)
         else:
