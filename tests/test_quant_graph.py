@@ -26,9 +26,9 @@ from tests.conftest import run_cli, trained_like_batchnorms
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 # One architecture of each family and block kind of the registry, at the side it is quantized
-# at (None: its own; torchvision's pool adaptively: small inputs, but AlexNet-BN's classifier,
-# MaxViT's windows and ViT's position embedding fix theirs); every registered architecture
-# traces (checked when it was added).
+# at (None: its own; torchvision's pool adaptively: small inputs, but AlexNet-BN's classifier
+# and MaxViT's windows fix theirs; a ViT is built at the side it is given); every registered
+# architecture traces (checked when it was added).
 FAMILIES = {
     "resnet20_cifar": None, "preact_resnet20_cifar": None, "plain20_cifar": None,
     "vgg11_bn_cifar": None, "simplenet_mnist": None, "simplenet_digits": None,
@@ -38,9 +38,9 @@ FAMILIES = {
     "regnet_y_400mf": 64, "googlenet": 64,
     "inception_v3": 96, "shufflenet_v2_x0_5": 64, "squeezenet1_1": 64, "alexnet": 64,
     "alexnet_bn": None, "vgg11": 32, "convnext_tiny": 64, "swin_t": 64, "swin_v2_t": 64,
-    "maxvit_t": None, "vit_b_32": None, "densenet_bc_40_cifar": None, "densenet121": 64,
+    "maxvit_t": None, "vit_b_32": 64, "densenet_bc_40_cifar": None, "densenet121": 64,
 }  # efficientnet_lite0 (an optional extra): tests/test_efficientnet_lite.py quantizes it
-SLOW_FAMILIES = ("maxvit_t", "vgg11", "vit_b_32", "alexnet_bn")  # at 224 px, or 100M weights
+SLOW_FAMILIES = ("maxvit_t", "vgg11", "vit_b_32", "alexnet_bn")  # at 224 px, or 60-130M weights
 # AlexNet, AlexNet-BN and VGG are conv / linear stacks the CIFAR VGG and the simple CNNs already
 # give the tests that only need a layer kind once (QAT folding, the inference copy): 60-130M
 # weights each, seconds apiece
