@@ -81,7 +81,7 @@ def test_not_convertible_is_refused(args: dict, dynamic: bool, words: str) -> No
     PostTrainLinearQuantizer(settings_from_args(args, "q"), stats, dynamic).quantize(model)
     with pytest.raises(QuantizationError, match=words) as info:
         check_convertible(model)
-    assert "widths 4/8 stay simulated" in str(info.value)
+    assert "other widths stay simulated" in str(info.value)
 
 
 def test_float_model_and_unknown_backend_are_refused() -> None:

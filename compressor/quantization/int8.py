@@ -106,7 +106,7 @@ ACTIVATION_BITS = (7, 8)  # activation widths quint8 holds (7: reduce_range)
 def _refuse(name: str, problem: str) -> QuantizationError:
     """The error of a layer that cannot run in int8."""
     return QuantizationError(f"--qe-convert-pytorch needs 8-bit static quantization everywhere, "
-                             f"but layer '{name}' {problem}; widths 4/8 stay simulated, so "
+                             f"but layer '{name}' {problem}; other widths stay simulated, so "
                              "quantize with 8 bits and statistics or drop --qe-convert-pytorch")
 
 
