@@ -43,6 +43,11 @@ _INT32_MAX = 2 ** 31 - 1
 _QDQ = ("QuantizeLinear", "DequantizeLinear")
 
 
+def _attribute(node: Any, name: str, field: str, default: Any) -> Any:
+    """The `field` (i, f, s, ints) of `node`'s attribute `name`, or `default` where it has none."""
+    return next((getattr(a, field) for a in node.attribute if a.name == name), default)
+
+
 class _Graph:
     """One ONNX graph's producers, consumers, constants and known ranks, rebuilt on demand."""
 
@@ -78,7 +83,7 @@ class _Graph:
         scale, zero_point = self.constants.get(node.input[1]), self.constants.get(node.input[2])
         if scale is None or zero_point is None:
             return None
-        axis = next((a.i for a in node.attribute if a.name == "axis"), 1) if scale.ndim else None
+        axis = _attribute(node, "axis", "i", 1) if scale.ndim else None
         return (scale.dtype.str, scale.shape, scale.tobytes(), zero_point.dtype.str,
                 zero_point.shape, zero_point.tobytes(), axis)
 
@@ -162,14 +167,12 @@ def _pooling_window(graph: _Graph, name: str) -> tuple[Any, list[int], list[int]
     source = graph.dequantized(pool.input[0])
     if source is None:
         return None
-    attrs = {a.name: a for a in pool.attribute}
-    kernel = list(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else []
-    plain = (len(kernel) == 2 and not any(attrs["pads"].ints if "pads" in attrs else [])
-             and not (attrs["ceil_mode"].i if "ceil_mode" in attrs else 0)
-             and (attrs["auto_pad"].s if "auto_pad" in attrs else b"NOTSET") in (b"NOTSET",
-                                                                                 b"VALID")
-             and all(d == 1 for d in (attrs["dilations"].ints if "dilations" in attrs else [])))
-    strides = list(attrs["strides"].ints) if "strides" in attrs else [1, 1]
+    kernel = list(_attribute(pool, "kernel_shape", "ints", []))
+    plain = (len(kernel) == 2 and not any(_attribute(pool, "pads", "ints", []))
+             and not _attribute(pool, "ceil_mode", "i", 0)
+             and _attribute(pool, "auto_pad", "s", b"NOTSET") in (b"NOTSET", b"VALID")
+             and all(d == 1 for d in _attribute(pool, "dilations", "ints", [])))
+    strides = list(_attribute(pool, "strides", "ints", [1, 1]))
     return (source, kernel, strides) if plain else None
 
 
@@ -182,7 +185,7 @@ def _conv_of_batch_norm(graph: _Graph, norm: Any, source: Any, kernel: list[int]
     if any(param is None for param in params):
         return None
     weight, bias, mean, var = (param.astype(np.float64) for param in params)
-    epsilon = next((a.f for a in norm.attribute if a.name == "epsilon"), 1e-5)
+    epsilon = _attribute(norm, "epsilon", "f", 1e-5)
     gain = weight / np.sqrt(var + epsilon)
     shift = bias - mean * gain
     window = int(np.prod(kernel))  # an average: each input weighs gain / window
