@@ -20,10 +20,14 @@ from compressor.assembly.state import load_weights
 from compressor.memory.recipe import MemoryVariantTransform
 from compressor.models.description import ModelDescription
 from compressor.models.factory import get_arch_spec
+from compressor.models.pretrained import PretrainedSource, pretrained_source
 from compressor.models.registry import ArchSpec
+from compressor.models.sources import is_code_reference
 from compressor.training.checkpoint import load_checkpoint, read_description
 from compressor.utils.config import ModelRequest
+from compressor.utils.dataset_table import FOLDER, SYNTHETIC
 from compressor.utils.errors import CheckpointError, UsageError
+from compressor.utils.input_spec import InputSpec
 
 __all__ = ["ResolvedModel", "RunSetup", "resolve_model", "build_resolved_model", "load_model",
            "resolve_run"]
@@ -39,6 +43,19 @@ class ResolvedModel:
     checkpoint_path: Path | None = None
     pretrained: bool = False
     load_weights_from: Path | None = None
+    pretrained_source: PretrainedSource | None = None  # with `pretrained`: the weights read
+    pretrained_file: Path | None = None  # --pretrained-file, else the arch's own weights
+
+    @property
+    def new_layers(self) -> tuple[str, ...]:
+        """Classifier layers initialised for the dataset (not from pretrained weights), also as
+        the checkpoint being resumed records them."""
+        if self.pretrained_source is not None:
+            return self.pretrained_source.new_layers
+        recorded = (self.checkpoint or {}).get("args")
+        source = recorded.get("pretrained_source") if isinstance(recorded, Mapping) else None
+        layers = source.get("new_layers") if isinstance(source, Mapping) else None
+        return tuple(str(layer) for layer in layers) if isinstance(layers, list) else ()
 
 
 @dataclass(frozen=True)
@@ -81,6 +98,43 @@ class RunSetup:
                 "best_epoch": checkpoint.get("best_epoch", epoch)}
 
 
+def _refuse_code_from_checkpoint(arch: str, request: ModelRequest) -> None:
+    """A checkpoint never makes compressor import code: the command line names it again."""
+    if is_code_reference(arch) and request.arch is None:
+        raise CheckpointError(
+            f"checkpoint {request.checkpoint} holds a model of your own code ({arch}); pass "
+            f"-a {arch} again (compressor imports code only where the command line names it)")
+
+
+def _refuse_new_input(request: ModelRequest, description: ModelDescription) -> None:
+    """The checkpoint's classes and input spec are the model's: a request may not change them."""
+    if request.num_classes is not None and request.num_classes != description.num_classes:
+        raise UsageError(f"--num-classes {request.num_classes}: checkpoint {request.checkpoint} "
+                         f"has {description.num_classes} classes; drop --num-classes")
+    if any(value is not None for value in (request.input_size, request.mean, request.std)):
+        raise UsageError(f"checkpoint {request.checkpoint} records its input spec; drop "
+                         "--input-size / --mean / --std")
+
+
+def _input_spec(spec: ArchSpec, dataset: str, request: ModelRequest) -> InputSpec:
+    """The arch's input spec for the dataset, with the request's --input-size/--mean/--std."""
+    try:
+        return spec.input_spec(dataset).with_overrides(request.input_size, request.mean,
+                                                       request.std)
+    except ValueError as exc:
+        raise UsageError(f"{exc}; check --input-size, --mean and --std") from None
+
+
+def _from_arch(request: ModelRequest, spec: ArchSpec) -> ModelDescription:
+    dataset = request.dataset or spec.default_dataset
+    if request.pretrained and dataset not in (spec.default_dataset, SYNTHETIC, FOLDER):
+        raise UsageError(f"--pretrained weights of {spec.name} are for "
+                         f"{spec.default_dataset}, not {dataset}; drop --pretrained or "
+                         "--dataset")
+    num_classes = request.num_classes or spec.num_classes(dataset)
+    return ModelDescription(spec.name, dataset, num_classes, _input_spec(spec, dataset, request))
+
+
 def resolve_model(request: ModelRequest) -> ResolvedModel:
     """Arch, dataset, input spec, attributes and transforms from the request or the checkpoint.
 
@@ -89,13 +143,16 @@ def resolve_model(request: ModelRequest) -> ResolvedModel:
     memory-efficient variant.
     """
     checkpoint: Mapping[str, Any] | None = None
+    source = None
     if request.checkpoint is not None:
         checkpoint = load_checkpoint(request.checkpoint)
         description = read_description(checkpoint, request.checkpoint)
+        _refuse_code_from_checkpoint(description.arch, request)
         if request.arch is not None and request.arch != description.arch:
             raise CheckpointError(
                 f"checkpoint {request.checkpoint} is of arch '{description.arch}', not "
                 f"'{request.arch}'; drop -a or pass -a {description.arch}")
+        _refuse_new_input(request, description)
         spec = get_arch_spec(description.arch)
         if request.dataset is not None and request.dataset != description.dataset:
             description = ModelDescription(description.arch, request.dataset,
@@ -103,25 +160,23 @@ def resolve_model(request: ModelRequest) -> ResolvedModel:
                                            description.builder_attrs, description.transforms)
     elif request.arch is not None:
         spec = get_arch_spec(request.arch)
-        dataset = request.dataset or spec.default_dataset
-        if request.pretrained and dataset not in (spec.default_dataset, "synthetic"):
-            raise UsageError(f"--pretrained weights of {spec.name} are for "
-                             f"{spec.default_dataset}, not {dataset}; drop --pretrained or "
-                             "--dataset")
-        description = ModelDescription(spec.name, dataset, spec.num_classes(dataset),
-                                       spec.input_spec(dataset))
+        description = _from_arch(request, spec)
+        if request.pretrained:
+            source = pretrained_source(spec, description.num_classes, request.pretrained_file)
     else:
         raise UsageError("no architecture given: pass -a ARCH, or --resume-from CKPT")
     if request.memory_efficient:
         description = description.with_transform(MemoryVariantTransform.name,
                                                   request.memory_efficient)
     return ResolvedModel(description, spec, checkpoint, request.checkpoint,
-                         request.pretrained and checkpoint is None, request.load_weights_from)
+                         request.pretrained and checkpoint is None, request.load_weights_from,
+                         source, request.pretrained_file)
 
 
 def build_resolved_model(resolved: ResolvedModel) -> nn.Module:
     """Build the model; load the checkpoint's, the pretrained or the --exp-load-weights weights."""
-    model = build_model(resolved.description, pretrained=resolved.pretrained)
+    model = build_model(resolved.description, pretrained=resolved.pretrained,
+                        source=resolved.pretrained_source, weights_file=resolved.pretrained_file)
     if resolved.checkpoint is not None:
         load_weights(model, resolved.checkpoint["state_dict"], str(resolved.checkpoint_path))
         return finish_loaded_model(model)

@@ -30,12 +30,16 @@ def model_request(args: argparse.Namespace) -> ModelRequest:
     """What model the command line asks for (an arch, or a checkpoint to rebuild)."""
     return ModelRequest(arch=args.arch, checkpoint=_path(args.resume_from), dataset=args.dataset,
                         pretrained=args.pretrained, memory_efficient=args.memory_efficient,
-                        load_weights_from=_path(args.load_weights_from))
+                        load_weights_from=_path(args.load_weights_from),
+                        num_classes=args.num_classes, input_size=args.input_size,
+                        mean=args.mean, std=args.std,
+                        pretrained_file=_path(args.pretrained_file))
 
 
 def optimizer_config(args: argparse.Namespace) -> OptimizerConfig:
     """--lr, --momentum, --wd."""
-    return OptimizerConfig(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    return OptimizerConfig(lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay,
+                           lr_head=args.lr_head)
 
 
 def loader_config(args: argparse.Namespace) -> LoaderConfig:

@@ -40,7 +40,12 @@ from compressor.commands.common import (
     run_record,
 )
 from compressor.commands.evaluate import confusion_results, evaluate_model
-from compressor.commands.train import check_resume_epochs, run_training, start_distillation
+from compressor.commands.train import (
+    check_head_lr,
+    check_resume_epochs,
+    run_training,
+    start_distillation,
+)
 from compressor.data import EvaluationData
 from compressor.quantization.recipe import quantization_kind
 from compressor.training.dataloaders import seed_everything
@@ -126,6 +131,7 @@ def _check_before_writing(args: argparse.Namespace, setup: RunSetup, model: nn.M
     distillation = None
     if training:
         check_resume_epochs(config, setup)
+        check_head_lr(config, setup)
         if config.reports.tensorboard:
             from compressor.reports import require_tensorboard
 
@@ -181,6 +187,8 @@ def run(args: argparse.Namespace) -> int:
     record = run_record(args_record(args), setup, data.class_names)
     with logging_to(run_dir if ctx.is_main else None, ctx.is_main) as log:
         log.info("run directory %s", run_dir)
+        if setup.model.pretrained_source is not None:
+            log.info("%s", setup.model.pretrained_source.describe())
         if ctx.is_main:
             write_args_yaml(run_dir, record)
         writer_dir = run_dir if ctx.is_main else None

@@ -8,7 +8,7 @@ import sys
 from typing import NoReturn
 
 from compressor.cli.budget_args import add_budget_args, budget_requested, check_budget
-from compressor.cli.domains import INT_MAX, integer, real
+from compressor.cli.domains import INT_MAX, finite, integer, real
 from compressor.memory import MEMORY_VARIANTS
 from compressor.utils.dataset_table import dataset_names
 from compressor.utils.errors import UsageError
@@ -63,6 +63,35 @@ def _gpu_list(text: str) -> list[int]:
     return gpus
 
 
+def _floats(text: str) -> tuple[float, ...]:
+    """--mean: one or more finite numbers separated by commas."""
+    parts = [part.strip() for part in text.split(",")]
+    if not all(parts):
+        raise argparse.ArgumentTypeError(f"'{text[:40]}' is not a comma-separated list of "
+                                         "numbers, e.g. 0.5,0.5,0.5")
+    return tuple(finite(part) for part in parts)
+
+
+def _positive_floats(text: str) -> tuple[float, ...]:
+    """--std: one or more numbers > 0 separated by commas."""
+    values = _floats(text)
+    if any(value <= 0.0 for value in values):
+        raise argparse.ArgumentTypeError(f"must be numbers > 0, got {text[:40]}")
+    return values
+
+
+def _input_size(text: str) -> tuple[int, int, int]:
+    """--input-size C,H,W: 1..4 channels, a square side of 1..4096 pixels."""
+    parts = text.split(",")
+    if len(parts) != 3:
+        raise argparse.ArgumentTypeError(f"'{text[:40]}' is not C,H,W (e.g. 3,224,224)")
+    channels = integer(1, 4)(parts[0].strip())
+    height, width = (integer(1, 4096)(part.strip()) for part in parts[1:])
+    if height != width:
+        raise argparse.ArgumentTypeError(f"{height}x{width} is not square; give C,S,S")
+    return channels, height, width
+
+
 _validation_split = real(0.0, 1.0, high_open=True)
 _effective_size = real(0.0, 1.0, low_open=True)
 
@@ -96,9 +125,26 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
 def _add_model_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("model")
     group.add_argument("-a", "--arch", default=None,
-                       help="architecture (see compressor.models.list_archs())")
+                       help="architecture: a registered name (see compressor.models.list_archs()), "
+                            "timm/NAME (any timm model; the [timm] extra), or your own code as "
+                            "path/to/file.py:Name or package.module:Name")
     group.add_argument("--pretrained", action="store_true",
-                       help="start from torchvision's pretrained weights")
+                       help="start from the arch's pretrained weights (torchvision's, timm's from "
+                            "the local Hugging Face cache, a package's); on a dataset with other "
+                            "classes the classifier is new (transfer learning)")
+    group.add_argument("--pretrained-file", dest="pretrained_file", default=None, metavar="PATH",
+                       help="with --pretrained: read the weights from this file (a state dict or "
+                            "a safetensors file) instead of the arch's own")
+    group.add_argument("--num-classes", dest="num_classes", type=integer(1, INT_MAX),
+                       default=None, help="classes of the model (default: the dataset's)")
+    group.add_argument("--input-size", dest="input_size", type=_input_size, default=None,
+                       metavar="C,H,W", help="the model's input size, e.g. 3,64,64 (default: the "
+                                              "arch's, for its dataset)")
+    group.add_argument("--mean", type=_floats, default=None, metavar="M[,M,M]",
+                       help="normalization mean per channel (default: the arch's)")
+    group.add_argument("--std", type=_positive_floats, default=None, metavar="S[,S,S]",
+                       help="normalization standard deviation per channel, > 0 (default: the "
+                            "arch's)")
     group.add_argument("--memory-efficient", dest="memory_efficient", default=None,
                        choices=MEMORY_VARIANTS,
                        help="memory-efficient variant: recompute (activation checkpointing, "
@@ -111,6 +157,9 @@ def _add_training_args(parser: argparse.ArgumentParser) -> None:
                        help="total number of epochs (also when resuming)")
     group.add_argument("--lr", "--learning-rate", dest="lr", type=real(0.0, None, low_open=True),
                        default=0.1, help="learning rate, > 0")
+    group.add_argument("--lr-head", dest="lr_head", type=real(0.0, None, low_open=True),
+                       default=None, help="learning rate of a classifier newly initialised for "
+                       "the dataset's classes (--pretrained on other classes; default 10 x --lr)")
     group.add_argument("--momentum", type=real(0.0, 1.0, high_open=True), default=0.9,
                        help="SGD momentum, in [0, 1)")
     group.add_argument("--wd", "--weight-decay", dest="weight_decay", type=real(0.0, None),
@@ -302,6 +351,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         raise UsageError("--dry-run needs --compress YAML")
     if args.reset_optimizer and args.resume_from is None:
         raise UsageError("--reset-optimizer needs --resume-from CKPT")
+    if args.pretrained_file is not None and not args.pretrained:
+        raise UsageError("--pretrained-file names the weights of --pretrained; add --pretrained")
     if args.resume_from and args.load_weights_from:
         raise UsageError("give either --resume-from or --exp-load-weights-from, not both")
     check_budget(args, _non_training_mode(args))

@@ -92,8 +92,17 @@ def model_facts(model: nn.Module, run_dir: Path) -> dict[str, Any]:
 def run_record(arguments: Mapping[str, Any], setup: RunSetup,
                class_names: tuple[str, ...]) -> dict[str, Any]:
     """The resolved arguments: args.yaml, and the checkpoint's `args`."""
-    return {**arguments, **setup.description.to_dict(), "seed": setup.seed,
-            "class_names": list(class_names)}
+    record = {**arguments, **setup.description.to_dict(), "seed": setup.seed,
+              "class_names": list(class_names)}
+    if setup.model.pretrained_source is not None:
+        record["pretrained_source"] = setup.model.pretrained_source.to_dict()
+    elif isinstance((setup.checkpoint or {}).get("args"), Mapping):
+        recorded = setup.checkpoint["args"].get("pretrained_source")  # kept across resumes
+        if recorded is not None:
+            record["pretrained_source"] = recorded
+    if setup.model.arch_spec.source:
+        record["arch_source"] = dict(setup.model.arch_spec.source)
+    return record
 
 
 def calibration_source(setup: RunSetup, config: DataConfig, test: Dataset,

@@ -26,13 +26,17 @@ from compressor.training.dataloaders import epoch_seed, eval_loader, seed_everyt
 from compressor.training.loop import evaluate, train_one_epoch
 from compressor.training.losses import get_loss
 from compressor.training.run_dir import write_metrics_csv
-from compressor.utils.config import LoaderConfig, TrainConfig, make_optimizer
+from compressor.utils.config import LoaderConfig, OptimizerConfig, TrainConfig, make_optimizer
 from compressor.utils.distributed import DistContext, all_reduce_sum
 from compressor.utils.errors import UsageError
 
-__all__ = ["TrainState", "check_resume_epochs", "start_distillation", "run_training"]
+__all__ = ["TrainState", "HEAD_LR_FACTOR", "check_head_lr", "check_resume_epochs",
+           "start_distillation", "run_training"]
 
 LOG = logging.getLogger("compressor")
+# A newly initialised classifier learns at this multiple of the backbone's --lr (Caffe's
+# fine-tuning recipe: the new layer at lr_mult 10; fast.ai's discriminative rates)
+HEAD_LR_FACTOR = 10.0
 
 
 @dataclass
@@ -122,6 +126,27 @@ def _trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [param for name, param in model.named_parameters() if name not in own]
 
 
+def _parameter_groups(model: nn.Module, new_layers: tuple[str, ...],
+                      config: OptimizerConfig) -> list[dict[str, Any]]:
+    """The optimizer's groups: one, or with a newly initialised classifier (transfer learning)
+    the backbone at --lr and the classifier at --lr-head (default HEAD_LR_FACTOR x --lr)."""
+    params = _trainable_parameters(model)
+    if not new_layers:
+        return [{"params": params}]
+    head = {id(param) for name, param in model.named_parameters()
+            if any(name.startswith(f"{layer}.") for layer in new_layers)}
+    lr_head = config.lr_head if config.lr_head is not None else HEAD_LR_FACTOR * config.lr
+    return [{"params": [param for param in params if id(param) not in head]},
+            {"params": [param for param in params if id(param) in head], "lr": lr_head}]
+
+
+def check_head_lr(config: TrainConfig, setup: RunSetup) -> None:
+    """--lr-head sets a new classifier's learning rate: refused where no layer is new."""
+    if config.optimizer.lr_head is not None and not setup.model.new_layers:
+        raise UsageError("--lr-head sets the learning rate of a classifier newly initialised by "
+                         "--pretrained on other classes, and this run has none; drop --lr-head")
+
+
 def _parameter_ids(model: nn.Module) -> tuple[int, ...]:
     return tuple(id(param) for param in model.parameters())
 
@@ -179,7 +204,8 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     its refusals leave no file behind); `extra` holds checkpoint keys a command adds (a budget
     run's search state).
     """
-    optimizer = make_optimizer(_trainable_parameters(model), config.optimizer)
+    optimizer = make_optimizer(_parameter_groups(model, setup.model.new_layers, config.optimizer),
+                               config.optimizer)
     compression = _load_compression(config, model, optimizer, setup.seed)
     state = _restore(config, setup, optimizer, compression)
     loss_fn = get_loss(setup.model.arch_spec.loss)

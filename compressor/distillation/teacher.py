@@ -7,7 +7,6 @@ gradient buckets or a `.train()` call. Under torchrun every rank builds its own 
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from compressor.training.checkpoint import REQUIRED_KEYS, load_checkpoint
 from compressor.training.losses import main_logits
 from compressor.utils.config import ModelRequest
 from compressor.utils.errors import CheckpointError, CompressorError, UsageError
+from compressor.utils.file_hash import file_sha256
 
 __all__ = ["Teacher", "TeacherSource", "build_teacher", "file_sha256", "CHECKPOINT", "WEIGHTS",
            "PRETRAINED"]
@@ -65,15 +65,6 @@ class Teacher:
         # no_grad, not inference_mode: the logits feed the student's autograd graph as constants
         with torch.no_grad():
             return main_logits(self.inference(self.adapter(inputs)))
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes (identifies the teacher's weights across a resume)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _dataset_for(spec: ArchSpec, student_dataset: str, pretrained: bool) -> str:

@@ -12,6 +12,7 @@ from torch import nn
 from compressor.models import families  # noqa: F401  (their decorators fill the registry)
 from compressor.models.description import ModelDescription, describe
 from compressor.models.registry import ArchSpec, registered_specs
+from compressor.models.sources import is_code_reference, is_timm_arch
 from compressor.utils.errors import UsageError
 from compressor.utils.input_spec import InputSpec
 
@@ -24,8 +25,20 @@ def list_archs() -> list[str]:
 
 
 def get_arch_spec(name: str) -> ArchSpec:
-    """The ArchSpec of `name`; an unknown name is an error that suggests the closest names."""
+    """The ArchSpec of `name`: a registered arch, `timm/NAME` (timm's model) or the user's own
+    code (`path/to/file.py:Name`, `package.module:Name`, imported here, where the command line
+    named it); an unknown name is an error that suggests the closest names."""
     specs = registered_specs()
+    if name in specs:
+        return specs[name]
+    if is_timm_arch(name):
+        from compressor.models.timm_models import timm_arch_spec
+
+        return timm_arch_spec(name)
+    if is_code_reference(name):
+        from compressor.models.user_code import code_arch_spec
+
+        return code_arch_spec(name)
     if name not in specs:
         close = difflib.get_close_matches(name, specs, n=3, cutoff=0.5)
         hint = f"did you mean {', '.join(close)}?" if close else "see --help for the list"

@@ -41,6 +41,12 @@ class ArchSpec:
     pretrained_attrs: Mapping[str, Any] = field(default_factory=dict)  # defaults with weights
     family: str = ""
     checkpoint_blocks: tuple[str, ...] = ()  # module class names to recompute in backward
+    # The classification head(s): module names whose weights a pretrained backbone leaves out
+    # when the dataset's classes differ from the weights' (transfer learning).
+    classifier: tuple[str, ...] = ()
+    # Where a model that is not registered comes from (timm, the user's own code), as plain
+    # values the checkpoint records: {"kind": "timm" | "code", ...}; {} for registered archs.
+    source: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def default_dataset(self) -> str:
@@ -62,6 +68,9 @@ class ArchSpec:
 
     def num_classes(self, dataset: str) -> int:
         """Number of classes of a dataset (synthetic data uses the default dataset's)."""
+        if dataset_spec(dataset).num_classes is None and dataset != SYNTHETIC:
+            raise UsageError(f"dataset '{dataset}' takes its classes from DATASET_DIR; pass "
+                             "DATASET_DIR or --num-classes N")
         own = dataset_spec(self.own_dataset(dataset))
         if own.num_classes is None:
             raise UsageError(f"dataset '{own.name}' has no fixed number of classes; pass a "

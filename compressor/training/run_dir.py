@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from compressor.models.sources import arch_dir_name
 from compressor.utils.atomic_io import atomic_write_text
 from compressor.utils.errors import UsageError
 
@@ -29,7 +30,7 @@ def choose_run_dir(output_dir: str, name: str | None, arch: str,
     """The run directory to use; refuses one that holds another run's files."""
     if name is None:
         stamp = time.strftime("%Y.%m.%d-%H%M%S")
-        base = Path(output_dir) / f"{arch}___{stamp}"
+        base = Path(output_dir) / f"{arch_dir_name(arch)}___{stamp}"
         candidate, suffix = base, 1
         while candidate.exists():  # two runs in the same second get distinct directories
             candidate, suffix = base.with_name(f"{base.name}-{suffix}"), suffix + 1

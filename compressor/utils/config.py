@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -22,6 +23,7 @@ class OptimizerConfig:
     lr: float = 0.1
     momentum: float = 0.9
     weight_decay: float = 1e-4
+    lr_head: float | None = None  # a newly initialised classifier's LR (None: HEAD_LR_FACTOR x lr)
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,11 @@ class ModelRequest:
     pretrained: bool = False
     memory_efficient: str | None = None
     load_weights_from: Path | None = None
+    num_classes: int | None = None  # --num-classes, or the classes of an image folder
+    input_size: tuple[int, int, int] | None = None  # --input-size C,H,W
+    mean: tuple[float, ...] | None = None  # --mean
+    std: tuple[float, ...] | None = None  # --std
+    pretrained_file: Path | None = None  # --pretrained-file: a state dict or safetensors file
 
 
 @dataclass(frozen=True)
@@ -129,8 +136,8 @@ class TrainConfig:
     reports: ReportConfig = ReportConfig()
 
 
-def make_optimizer(params: Iterable[torch.nn.Parameter],
+def make_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]],
                    config: OptimizerConfig) -> torch.optim.Optimizer:
-    """The one optimizer factory: SGD(lr, momentum, weight_decay)."""
+    """The one optimizer factory: SGD(lr, momentum, weight_decay), over parameters or groups."""
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum,
                            weight_decay=config.weight_decay)

@@ -20,13 +20,14 @@ from compressor.utils.errors import UsageError
 from compressor.utils.input_spec import IMAGENET_MEAN, IMAGENET_STD, InputSpec
 
 __all__ = [
-    "DatasetSpec", "DATASET_SPECS", "dataset_spec", "dataset_names", "SYNTHETIC",
+    "DatasetSpec", "DATASET_SPECS", "dataset_spec", "dataset_names", "SYNTHETIC", "FOLDER",
     "DATASET_INPUT_SPECS", "DATASET_NUM_CLASSES",
     "NO_AUGMENT", "PAD_CROP_FLIP", "RESIZED_CROP_FLIP", "AUGMENTATIONS", "DIGIT_NAMES",
     "FASHION_MNIST_NAMES", "CIFAR10_NAMES", "CIFAR100_NAMES",
 ]
 
 SYNTHETIC = "synthetic"
+FOLDER = "folder"  # a user's image folder: classes from its folders, input spec from the arch
 # Training augmentations, built by compressor.data.transforms.
 NO_AUGMENT = "none"
 PAD_CROP_FLIP = "pad-crop-flip"  # RandomCrop(crop, padding=4) + flip: Distiller's CIFAR
@@ -110,6 +111,8 @@ DATASET_SPECS: MappingProxyType[str, DatasetSpec] = MappingProxyType({spec.name:
     DatasetSpec("imagenet", 1000,
                 InputSpec((3, 224, 224), 256, 224, IMAGENET_MEAN, IMAGENET_STD, "bilinear"),
                 (3, None), True, RESIZED_CROP_FLIP, "imagenet"),
+    # ROOT/train/<class>/ (and ROOT/val/<class>/) of any images, named as the user likes
+    DatasetSpec(FOLDER, None, None, (3, None), True, RESIZED_CROP_FLIP, "folder"),
     DatasetSpec(SYNTHETIC, None, None, None, False, NO_AUGMENT, "synthetic"),
 )})
 

@@ -64,3 +64,23 @@ class InputSpec:
         std = sum(self.std) / len(self.std)
         return InputSpec((channels, *self.input_size[1:]), self.resize_size, self.crop_size,
                          (mean,) * channels, (std,) * channels, self.interpolation)
+
+    def with_overrides(self, input_size: tuple[int, int, int] | None = None,
+                       mean: tuple[float, ...] | None = None,
+                       std: tuple[float, ...] | None = None) -> InputSpec:
+        """This spec with a user's --input-size C,H,W (square: H == W; the resize keeps this
+        spec's resize/crop ratio), --mean and --std; ValueError names what does not fit."""
+        spec = self
+        if input_size is not None:
+            channels, height, width = input_size
+            if height != width:
+                raise ValueError(f"input size {height}x{width} is not square; give C,S,S")
+            resize = max(height, round(height * self.resize_size / self.crop_size))
+            spec = self.with_channels(channels)
+            spec = InputSpec((channels, height, width), resize, height, spec.mean, spec.std,
+                             self.interpolation)
+        if mean is None and std is None:
+            return spec
+        return InputSpec(spec.input_size, spec.resize_size, spec.crop_size,
+                         tuple(mean) if mean is not None else spec.mean,
+                         tuple(std) if std is not None else spec.std, spec.interpolation)
