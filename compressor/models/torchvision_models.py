@@ -31,6 +31,7 @@ from compressor.utils.dataset_table import DATASET_INPUT_SPECS
 from compressor.utils.input_spec import InputSpec
 
 __all__ = ["register_torchvision_models", "weights_input_spec", "CheckpointableInception3",
+           "CLASSIFIERS",
            "DistillerBasicBlock", "DistillerBottleneck", "DISTILLER_RESNETS"]
 
 
@@ -142,6 +143,26 @@ CHECKPOINT_BLOCKS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("densenet", ("_DenseLayer",)),
 )
 
+# The classification head(s) by model-name prefix (first match): the layers a pretrained
+# backbone leaves out when fine-tuned on other classes (each built as its family initialises it).
+CLASSIFIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("alexnet", ("classifier.6",)),
+    ("vgg", ("classifier.6",)),
+    ("convnext", ("classifier.2",)),
+    ("densenet", ("classifier",)),
+    ("efficientnet", ("classifier.1",)),
+    ("googlenet", ("fc", "aux1.fc2", "aux2.fc2")),
+    ("inception_v3", ("fc", "AuxLogits.fc")),
+    ("maxvit", ("classifier.5",)),
+    ("mnasnet", ("classifier.1",)),
+    ("mobilenet_v2", ("classifier.1",)),
+    ("mobilenet_v3", ("classifier.3",)),
+    ("squeezenet", ("classifier.1",)),
+    ("swin", ("head",)),
+    ("vit_", ("heads.head",)),
+    ("", ("fc",)),  # ResNet, ResNeXt, Wide ResNet, RegNet, ShuffleNet
+)
+
 # Builders whose model fixes its input size, and the argument that sets it, by model-name
 # prefix: built from scratch a ViT defaults to 224 px, whatever size its InputSpec (from its
 # weights: vit_h_14's are at 518 px) feeds it.
@@ -181,12 +202,14 @@ def _register(name: str) -> None:
         spec = InputSpec(spec.input_size, spec.resize_size, spec.crop_size, *mean_std,
                          spec.interpolation)
     blocks = next((b for prefix, b in CHECKPOINT_BLOCKS if name.startswith(prefix)), ())
+    classifier = next(layers for prefix, layers in CLASSIFIERS if name.startswith(prefix))
     model_attrs = special.get("model_attrs", {})
     size_arg = next((arg for prefix, arg in INPUT_SIZE_ARGS if name.startswith(prefix)), None)
 
     @register_model(name, datasets=("imagenet",), input_specs={"imagenet": spec},
                     weights=str(weights) if weights is not None else None,
-                    family="torchvision", checkpoint_blocks=blocks, **special)
+                    family="torchvision", checkpoint_blocks=blocks, classifier=classifier,
+                    **special)
     def build(*, num_classes: int, input_spec: InputSpec, **attrs: Any) -> nn.Module:
         if model_attrs:  # Inception/GoogLeNet: avoid the slow scipy-free init warning path
             attrs.setdefault("init_weights", True)
