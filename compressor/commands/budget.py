@@ -124,7 +124,9 @@ def _teacher(run: BudgetRun, setup: RunSetup) -> dict[str, Any] | None:
         return {"arch": request.arch, "checkpoint": str(request.checkpoint)
                 if request.checkpoint else None, "pretrained": request.pretrained}
     if setup.checkpoint_path is not None:
-        return {"arch": None, "checkpoint": str(setup.checkpoint_path), "pretrained": False}
+        # the arch repeated: a checkpoint of the user's code is rebuilt only where it is named
+        return {"arch": setup.arch, "checkpoint": str(setup.checkpoint_path),
+                "pretrained": False}
     return {"arch": setup.arch, "checkpoint": None, "pretrained": True}
 
 
@@ -385,17 +387,32 @@ def _quantize_last(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.
 
 def _dense_source(setup: RunSetup) -> dict[str, Any]:
     """Where the dense model comes from (to time the final model beside it)."""
+    spec = setup.description.input_spec
     return {"checkpoint": str(setup.checkpoint_path) if setup.checkpoint_path else None,
-            "arch": setup.arch, "dataset": setup.dataset, "pretrained": setup.model.pretrained}
+            "arch": setup.arch, "dataset": setup.dataset, "pretrained": setup.model.pretrained,
+            "num_classes": setup.description.num_classes,
+            "input_spec": {"input_size": list(spec.input_size), "mean": list(spec.mean),
+                           "std": list(spec.std)},
+            "pretrained_file": str(setup.model.pretrained_file)
+            if setup.model.pretrained_file else None}
 
 
 def _rebuild_dense(source: Mapping[str, Any], device: Any) -> nn.Module:
     from compressor.assembly.setup import build_resolved_model, resolve_model
 
-    if source["checkpoint"]:
-        request = ModelRequest(checkpoint=Path(source["checkpoint"]), dataset=source["dataset"])
-    else:
-        request = ModelRequest(arch=source["arch"], dataset=source["dataset"], pretrained=True)
+    if source["checkpoint"]:  # the arch repeated: a checkpoint of the user's code needs it
+        request = ModelRequest(arch=source["arch"], checkpoint=Path(source["checkpoint"]),
+                               dataset=source["dataset"])
+    else:  # budget runs recorded before the classes and input spec were: the arch's own
+        spec = source.get("input_spec") or {}
+        request = ModelRequest(
+            arch=source["arch"], dataset=source["dataset"], pretrained=True,
+            num_classes=source.get("num_classes"),
+            input_size=tuple(spec["input_size"]) if "input_size" in spec else None,
+            mean=tuple(spec["mean"]) if "mean" in spec else None,
+            std=tuple(spec["std"]) if "std" in spec else None,
+            pretrained_file=Path(source["pretrained_file"])
+            if source.get("pretrained_file") else None)
     return build_resolved_model(resolve_model(request)).to(device).eval()
 
 
