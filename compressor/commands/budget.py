@@ -123,6 +123,11 @@ def _teacher(run: BudgetRun, setup: RunSetup) -> dict[str, Any] | None:
         request = run.distillation.teacher
         return {"arch": request.arch, "checkpoint": str(request.checkpoint)
                 if request.checkpoint else None, "pretrained": request.pretrained}
+    if setup.model.new_layers and setup.checkpoint_path is None:
+        raise UsageError(f"the dense model cannot teach: --pretrained built a new "
+                         f"{', '.join(setup.model.new_layers)} for this dataset's classes; "
+                         "fine-tune it first and give its checkpoint with --resume-from, or "
+                         "add --no-kd")
     if setup.checkpoint_path is not None:
         # the arch repeated: a checkpoint of the user's code is rebuilt only where it is named
         return {"arch": setup.arch, "checkpoint": str(setup.checkpoint_path),

@@ -52,7 +52,8 @@ class PretrainedSource:
         """The log line of a run that starts from these weights."""
         head = (f"; newly initialised for the dataset's classes: {', '.join(self.new_layers)}"
                 if self.new_layers else "")
-        return f"pretrained weights {self.weights} ({self.file}, sha256 {self.sha256[:12]}){head}"
+        where = f"{self.file}, " if self.file != self.weights else ""
+        return f"pretrained weights {self.weights} ({where}sha256 {self.sha256[:12]}){head}"
 
 
 def pretrained_weights_path(url: str) -> Path:
