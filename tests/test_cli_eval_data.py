@@ -32,9 +32,10 @@ def test_evaluate_needs_no_training_set(tmp_path: Path) -> None:
 
 def test_val_only_folders_without_wnids_are_refused(tmp_path: Path) -> None:
     # A 1000-class model and 2 folders: which 2 of its 1000 outputs they are is unknown.
+    # (Without --dataset imagenet, such folders are a dataset of their own: test_cli_folder.)
     data = tmp_path / "data"
     for name in ("cat", "dog"):
         _images(data / "val" / name, 1)
-    result = run_cli(str(data), "-a", "squeezenet1_1", "-e", "-j", "0",
+    result = run_cli(str(data), "-a", "squeezenet1_1", "--dataset", "imagenet", "-e", "-j", "0",
                      "-o", str(tmp_path / "out"))
     assert_user_error(result, "2 class folders", "not ImageNet WordNet ids", "wnid")

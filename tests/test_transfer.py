@@ -178,3 +178,14 @@ def test_unreadable_pretrained_file_is_one_line(tmp_path: Path, content: bytes) 
                      "--dataset", "synthetic", "--num-classes", "3", "-o", str(tmp_path / "out"))
     assert_user_error(result, "cannot be read")
     assert not (tmp_path / "out").exists()
+
+
+def test_budget_from_a_new_head_is_refused(torch_home: Path, tmp_path: Path) -> None:
+    """The dense model teaches a budget run's fine-tune: with a head built for other classes
+    it cannot, and the run says so before writing anything."""
+    _plant(ARCH)
+    result = run_cli("-a", ARCH, "--pretrained", "--dataset", "synthetic", "--num-classes", "3",
+                     "--input-size", "3,32,32", "--target-macs", "0.5", "--epochs", "1",
+                     "-j", "0", "-o", str(tmp_path / "out"))
+    assert_user_error(result, "cannot teach", "--resume-from", "--no-kd")
+    assert not (tmp_path / "out").exists()

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from compressor.data.folder import folder_num_classes, infer_dataset
 from compressor.utils.config import (
     DataConfig,
     DistillationConfig,
@@ -16,6 +17,7 @@ from compressor.utils.config import (
     ReportConfig,
     TrainConfig,
 )
+from compressor.utils.dataset_table import FOLDER
 
 __all__ = ["model_request", "optimizer_config", "loader_config", "train_config",
            "quantize_config", "data_config", "is_training", "args_record",
@@ -26,12 +28,28 @@ def _path(text: str | None) -> Path | None:
     return Path(text) if text else None
 
 
+def _dataset_and_classes(args: argparse.Namespace) -> tuple[str | None, int | None]:
+    """--dataset, else the one DATASET_DIR's class folders hold; a folder's class count.
+
+    Resuming, the checkpoint's dataset and classes win, so nothing is inferred.
+    """
+    if args.resume_from:
+        return args.dataset, args.num_classes
+    dataset = args.dataset
+    if dataset is None and args.data:
+        dataset = infer_dataset(args.data)
+    if dataset != FOLDER:
+        return dataset, args.num_classes
+    return dataset, folder_num_classes(args.data, args.num_classes)
+
+
 def model_request(args: argparse.Namespace) -> ModelRequest:
     """What model the command line asks for (an arch, or a checkpoint to rebuild)."""
-    return ModelRequest(arch=args.arch, checkpoint=_path(args.resume_from), dataset=args.dataset,
+    dataset, num_classes = _dataset_and_classes(args)
+    return ModelRequest(arch=args.arch, checkpoint=_path(args.resume_from), dataset=dataset,
                         pretrained=args.pretrained, memory_efficient=args.memory_efficient,
                         load_weights_from=_path(args.load_weights_from),
-                        num_classes=args.num_classes, input_size=args.input_size,
+                        num_classes=num_classes, input_size=args.input_size,
                         mean=args.mean, std=args.std,
                         pretrained_file=_path(args.pretrained_file))
 

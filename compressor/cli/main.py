@@ -202,7 +202,8 @@ def run(args: argparse.Namespace) -> int:
         if config.reports.confusion:
             results.update(confusion_results(ctx, model, data, writer_dir, config.loader))
         if ctx.is_main:  # the other ranks write nothing: no model figures (seconds) for them
-            results = {**model_facts(model, run_dir), **results,
+            named = {"class_names": list(data.class_names)} if data.class_names else {}
+            results = {**model_facts(model, run_dir), **named, **results,
                        "time": time.perf_counter() - started}
             write_results_json(run_dir, results)
             _print_results(results)

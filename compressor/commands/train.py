@@ -94,11 +94,21 @@ def _load_compression(config: TrainConfig, model: nn.Module,
 
 def _epoch_row(epoch: int, lr: float, train: Mapping[str, float], val: Mapping[str, float]
                ) -> dict[str, Any]:
-    """One metrics.csv row (and one entry of the checkpoint's history)."""
-    return {"epoch": epoch, "lr": lr, "train_loss": train["loss"], "train_top1": train["top1"],
-            "train_top5": train["top5"], "val_loss": val["loss"], "val_top1": val["top1"],
-            "val_top5": val["top5"], "train_time": round(train["time"], 3),
+    """One metrics.csv row (and one entry of the checkpoint's history); top-5 columns where the
+    metrics have them (more than 5 classes)."""
+    row: dict[str, Any] = {"epoch": epoch, "lr": lr}
+    for split, metrics in (("train", train), ("val", val)):
+        row.update({f"{split}_{key}": metrics[key] for key in ("loss", "top1", "top5")
+                    if key in metrics})
+    return {**row, "train_time": round(train["time"], 3),
             "train_cpu_time": round(train["cpu_time"], 3)}
+
+
+def _epoch_line(epoch: int, train: Mapping[str, float], val: Mapping[str, float]) -> str:
+    """The log line of an epoch (top-5 where the metrics have it)."""
+    top5 = f" top5 {val['top5']:.2f}" if "top5" in val else ""
+    return (f"epoch {epoch}: train loss {train['loss']:.4f} top1 {train['top1']:.2f} | val loss "
+            f"{val['loss']:.4f} top1 {val['top1']:.2f}{top5} | {train['time']:.1f}s")
 
 
 @contextlib.contextmanager
@@ -238,9 +248,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
             is_best = val["top1"] > state.best_top1
             if is_best:
                 state.best_top1, state.best_epoch = val["top1"], epoch
-            LOG.info("epoch %d: train loss %.4f top1 %.2f | val loss %.4f top1 %.2f top5 %.2f | "
-                     "%.1fs", epoch, train["loss"], train["top1"], val["loss"], val["top1"],
-                     val["top5"], train["time"])
+            LOG.info("%s", _epoch_line(epoch, train, val))
             if run_dir is not None:
                 save_run_checkpoint(run_dir, assemble_checkpoint(
                     model, args=args_record, optimizer=optimizer.state_dict(),

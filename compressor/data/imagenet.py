@@ -23,9 +23,22 @@ from compressor.data.imagenet_classes import (
 from compressor.data.splits import LoadRequest, RawSplits
 from compressor.utils.errors import DataError
 
-__all__ = ["load_rgb_image", "ClassFolder", "load_imagenet_dataset"]
+__all__ = ["load_rgb_image", "check_image_file", "ClassFolder", "labelled_folder",
+           "load_imagenet_dataset"]
 
 _LAYOUT_HINT = "expected ROOT/train/ and ROOT/val/ class folders (ImageFolder layout)"
+
+
+def _unreadable(path: str, exc: Exception) -> DataError:
+    if isinstance(exc, UnidentifiedImageError):
+        reason = "not an image format PIL can read"
+    else:
+        reason = " ".join(str(exc).split()) or type(exc).__name__  # keep the message one line
+    return DataError(f"corrupt image file {path}: {reason}; remove or replace it")
+
+
+# What PIL raises for a file it cannot read (UnidentifiedImageError is an OSError).
+_READ_ERRORS = (OSError, SyntaxError, ValueError, Image.DecompressionBombError)
 
 
 def load_rgb_image(path: str) -> Image.Image:
@@ -34,11 +47,18 @@ def load_rgb_image(path: str) -> Image.Image:
         with Image.open(path) as image:
             image.load()  # decode now, so truncated data fails here and not in a transform
             return image.convert("RGB")
-    except UnidentifiedImageError:
-        reason = "not an image format PIL can read"
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__  # keep the message one line
-    raise DataError(f"corrupt image file {path}: {reason}; remove or replace it")
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, exc) from None
+
+
+def check_image_file(path: str) -> None:
+    """Read an image's header and check its structure without decoding its pixels (PIL's
+    verify: cheap enough for every file of a dataset); DataError names a file PIL cannot read."""
+    try:
+        with Image.open(path) as image:
+            image.verify()
+    except _READ_ERRORS as exc:
+        raise _unreadable(path, exc) from None
 
 
 class ClassFolder(ImageFolder):
@@ -53,15 +73,17 @@ class ClassFolder(ImageFolder):
         return self._class_names, {name: i for i, name in enumerate(self._class_names)}
 
 
-def _folder(path: Path, class_names: Sequence[str], folders: Sequence[str]) -> ClassFolder:
-    """The images of `path`; every one of its class `folders` must hold at least one."""
+def labelled_folder(path: Path, class_names: Sequence[str], folders: Sequence[str],
+                    hint: str = _LAYOUT_HINT) -> ClassFolder:
+    """The images of `path` labelled by `class_names`; every one of its class `folders` must
+    hold at least one (`hint` ends the message that names an empty one)."""
     folder = ClassFolder(str(path), class_names)
     labelled = {label for _, label in folder.samples}
     empty = [name for name in folders if folder.class_to_idx[name] not in labelled]
     if empty:
         raise DataError(f"no images in {path / empty[0]}"
                         f"{f' and {len(empty) - 1} more class folders' if len(empty) > 1 else ''}"
-                        f"; {_LAYOUT_HINT}")
+                        f"; {hint}")
     return folder
 
 
@@ -91,8 +113,8 @@ def _train_and_val(root: Path, request: LoadRequest) -> RawSplits:
                         complete=True)
     check_known(train_folders, order, root / "train", _source(order, request, "train/"))
     check_known(val_folders, order, root / "val", _source(order, request, "train/"))
-    return RawSplits(_folder(root / "train", order, train_folders),
-                     _folder(root / "val", order, val_folders), len(order), order)
+    return RawSplits(labelled_folder(root / "train", order, train_folders),
+                     labelled_folder(root / "val", order, val_folders), len(order), order)
 
 
 def _val_only(root: Path, request: LoadRequest) -> RawSplits:
@@ -108,7 +130,7 @@ def _val_only(root: Path, request: LoadRequest) -> RawSplits:
                         pretrained=request.pretrained, class_names=request.class_names,
                         complete=bool(train_folders))
     check_known(val_folders, order, val, _source(order, request, f"{where.name}/"))
-    return RawSplits(None, _folder(val, order, val_folders), len(order), order)
+    return RawSplits(None, labelled_folder(val, order, val_folders), len(order), order)
 
 
 def load_imagenet_dataset(request: LoadRequest) -> RawSplits:

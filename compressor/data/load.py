@@ -12,6 +12,7 @@ from torch.utils.data import Dataset
 
 from compressor.data.cifar import load_cifar_dataset
 from compressor.data.digits import load_digits_dataset
+from compressor.data.folder import load_folder_dataset
 from compressor.data.idx import load_idx_dataset
 from compressor.data.imagenet import load_imagenet_dataset
 from compressor.data.splits import (
@@ -40,6 +41,7 @@ LOADERS: MappingProxyType[str, Callable[..., RawSplits]] = MappingProxyType({
     "idx": load_idx_dataset,
     "cifar": load_cifar_dataset,
     "imagenet": load_imagenet_dataset,
+    "folder": load_folder_dataset,
     "synthetic": load_synthetic_dataset,
 })
 
@@ -110,7 +112,8 @@ def load_datasets(dataset: str, root: str | Path | None, input_spec: InputSpec, 
     Returns:
         DatasetSplits: num_classes is the size of the dataset's label space, class_names the
         classes in label order: ImageFolder's folders, the names in the files (CIFAR's meta)
-        or the dataset table's; empty when unknown (synthetic).
+        or the dataset table's; empty when unknown (synthetic). A dataset without a test
+        split of its own (a folder without val/) tests on the validation split.
     """
     check_fractions(validation_split, effective_train_size, effective_valid_size,
                     effective_test_size)
@@ -125,8 +128,15 @@ def load_datasets(dataset: str, root: str | Path | None, input_spec: InputSpec, 
     if val_idx:
         val = take_subset(_view(raw.train, eval_transform), val_idx,
                           effective_valid_size, seed, "validation")
-    test_view = _view(raw.test, eval_transform)
-    test = take_subset(test_view, range(len(raw.test)), effective_test_size, seed, "test")
+    if raw.test is not None:
+        test_view = _view(raw.test, eval_transform)
+        test = take_subset(test_view, range(len(raw.test)), effective_test_size, seed, "test")
+    elif val is not None:  # no test split of its own (a folder without val/): --vs's stands in
+        test = val
+    else:
+        raise DataError(f"dataset '{dataset}' in {root} has no val/ split, and --vs 0 holds "
+                        "nothing out of train/ to test on; add val/<class>/ images or pass "
+                        "--vs (e.g. --vs 0.1)")
     return DatasetSplits(train=train, val=val, test=test, num_classes=raw.num_classes,
                          class_names=raw.class_names)
 
@@ -138,12 +148,14 @@ def load_test_dataset(dataset: str, root: str | Path | None, input_spec: InputSp
     """The test set alone, for evaluation: the training files are never read.
 
     The same samples, labels and transform as load_datasets(...).test with the same arguments
-    (mnist: t10k files only, cifar: the test batch only, imagenet: ROOT/val/ only, listing at
-    most the folder names of ROOT/train/ to know the training classes). Arguments as there.
+    (mnist: t10k files only, cifar: the test batch only, imagenet and folder: ROOT/val/ only,
+    listing at most the folder names of ROOT/train/ to know the training classes). Arguments
+    as there.
     """
     check_fractions(0.0, 1.0, 1.0, effective_test_size)
     raw = _load_raw(dataset, root, input_spec, train=False, seed=seed, num_classes=num_classes,
                     pretrained=pretrained, class_names=class_names)
+    assert raw.test is not None  # asked for with train=False
     test_view = _view(raw.test, build_transforms(input_spec, dataset, train=False))
     test = take_subset(test_view, range(len(raw.test)), effective_test_size, seed, "test")
     return EvaluationData(test=test, num_classes=raw.num_classes, class_names=raw.class_names)

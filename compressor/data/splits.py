@@ -65,7 +65,7 @@ class RawSplits:
     """Untransformed (image, label) splits as a loader returns them."""
 
     train: Dataset | None  # None when the request asked for the test split only
-    test: Dataset
+    test: Dataset | None  # None: no test split of its own (a folder without val/): --vs's
     num_classes: int  # size of the label space
     class_names: tuple[str, ...] = ()
 

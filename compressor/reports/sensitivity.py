@@ -96,9 +96,11 @@ def run_sensitivity(model: nn.Module, evaluate_fn: EvaluateFn, kind: str,
                 with torch.no_grad():
                     module.weight.copy_(prune_tensor(original, kind, float(level)))
                 metrics = evaluate_fn(model)
-                rows.append({"parameter": name, "sparsity": float(level),
-                             "top1": float(metrics["top1"]), "top5": float(metrics["top5"]),
-                             "loss": float(metrics["loss"])})
+                row = {"parameter": name, "sparsity": float(level),
+                       "top1": float(metrics["top1"])}
+                if "top5" in metrics:  # only with more than 5 classes
+                    row["top5"] = float(metrics["top5"])
+                rows.append({**row, "loss": float(metrics["loss"])})
         finally:
             with torch.no_grad():
                 module.weight.copy_(original)
@@ -111,9 +113,11 @@ def run_sensitivity(model: nn.Module, evaluate_fn: EvaluateFn, kind: str,
 
 
 def write_sensitivity_csv(rows: list[dict[str, Any]], path: str | os.PathLike) -> None:
-    """One row per (parameter, sparsity): top1, top5, loss (Distiller's column order)."""
+    """One row per (parameter, sparsity): top1, top5, loss (Distiller's column order; no top5
+    where the evaluation had none: a model of 5 classes or fewer)."""
     text = io.StringIO(newline="")
-    writer = csv.DictWriter(text, fieldnames=["parameter", "sparsity", "top1", "top5", "loss"])
+    columns = ["top1", "top5", "loss"] if not rows or "top5" in rows[0] else ["top1", "loss"]
+    writer = csv.DictWriter(text, fieldnames=["parameter", "sparsity", *columns])
     writer.writeheader()
     writer.writerows(rows)
     atomic_write_text(path, text.getvalue())

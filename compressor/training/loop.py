@@ -15,7 +15,8 @@ from tqdm import tqdm
 
 from compressor.training.losses import LossFn, main_logits
 
-__all__ = ["TrainHooks", "NoHooks", "MetricSums", "count_correct", "train_one_epoch", "evaluate"]
+__all__ = ["TrainHooks", "NoHooks", "MetricSums", "reports_top5", "count_correct",
+           "train_one_epoch", "evaluate"]
 
 LOG = logging.getLogger("compressor")
 
@@ -55,6 +56,12 @@ class NoHooks:
         """Nothing to do."""
 
 
+def reports_top5(num_classes: int) -> bool:
+    """Whether top-5 accuracy says anything: with 5 classes or fewer it is always 100 %, so the
+    metrics (and every table, CSV and JSON made of them) leave it out."""
+    return num_classes > 5
+
+
 def count_correct(logits: Tensor, target: Tensor, topk: tuple[int, ...] = (1, 5)) -> list[Tensor]:
     """Number of samples whose target is among the top-k predictions, for each k."""
     maxk = min(max(topk), logits.shape[1])
@@ -67,21 +74,27 @@ class MetricSums:
 
     def __init__(self, device: torch.device) -> None:
         self.sums = torch.zeros(4, dtype=torch.float64, device=device)
+        self.num_classes: int | None = None  # the model's outputs, known from the first batch
 
     def update(self, logits: Tensor, target: Tensor, loss: Tensor) -> None:
         """Add one batch."""
+        self.num_classes = logits.shape[1]
         top1, top5 = count_correct(logits.detach(), target)
         batch = target.shape[0]
         self.sums += torch.stack([loss.detach().double() * batch, top1.double(), top5.double(),
                                   torch.tensor(batch, dtype=torch.float64, device=target.device)])
 
     def result(self, reduce: Reduce | None = None) -> dict[str, float]:
-        """loss (mean), top1 and top5 (percent) and samples, summed over all processes."""
+        """loss (mean), top1 and top5 (percent; top5 only where reports_top5) and samples,
+        summed over all processes."""
         sums = reduce(self.sums.clone()) if reduce is not None else self.sums
         loss, top1, top5, samples = sums.tolist()
         samples = max(samples, 1.0)
-        return {"loss": loss / samples, "top1": 100.0 * top1 / samples,
-                "top5": 100.0 * top5 / samples, "samples": int(samples)}
+        metrics = {"loss": loss / samples, "top1": 100.0 * top1 / samples,
+                   "top5": 100.0 * top5 / samples, "samples": int(samples)}
+        if self.num_classes is not None and not reports_top5(self.num_classes):
+            del metrics["top5"]
+        return metrics
 
 
 def _progress(loader: Iterable[Any], desc: str) -> Iterable[Any]:
@@ -98,7 +111,8 @@ def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
                     optimizer: torch.optim.Optimizer, device: torch.device, epoch: int,
                     hooks: TrainHooks | None = None, print_freq: int = 0,
                     reduce: Reduce | None = None) -> dict[str, float]:
-    """Train for one epoch; returns loss, top1, top5 (main head), samples, wall and CPU seconds."""
+    """Train for one epoch; returns loss, top1, top5 (main head; see reports_top5), samples,
+    wall and CPU seconds."""
     hooks = hooks or NoHooks()
     model.train()
     sums = MetricSums(device)
@@ -128,7 +142,8 @@ def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable[Any], device: torch.device,
              reduce: Reduce | None = None, desc: str = "eval") -> dict[str, float]:
-    """Evaluate in eval mode; returns cross-entropy loss, top1, top5 and samples."""
+    """Evaluate in eval mode; returns cross-entropy loss, top1, top5 (see reports_top5) and
+    samples."""
     model.eval()
     sums = MetricSums(device)
     for batch in _progress(loader, desc):
