@@ -101,7 +101,9 @@ def _add_data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("data", metavar="DATASET_DIR", nargs="?", default=None,
                        help="dataset directory (not needed for digits and synthetic)")
     group.add_argument("--dataset", choices=dataset_names(), default=None,
-                       help="dataset (default: inferred from the arch or the checkpoint)")
+                       help="dataset (default: the checkpoint's; else DATASET_DIR's class "
+                            "folders: ImageNet wnids -> imagenet, other names -> folder; else "
+                            "the arch's)")
     group.add_argument("-j", "--workers", type=integer(0, MAX_WORKERS),
                        default=default_workers(),
                        help="data loading workers (default: Distiller's 4, capped at the "

@@ -53,9 +53,13 @@ def train_loader(dataset: Dataset, batch_size: int, workers: int, seed: int, epo
         sampler = DistributedSampler(dataset, num_replicas=ctx.world_size, rank=ctx.rank,
                                      shuffle=True, seed=seed)
         sampler.set_epoch(epoch)
+    # a last batch of one sample is dropped: batch norm cannot train on a single value per
+    # channel (a 1x1 map), and one sample's step is noise; any other last batch is kept
+    per_rank = len(sampler) if sampler is not None else len(dataset)
     return DataLoader(dataset, batch_size=batch_size, shuffle=sampler is None, sampler=sampler,
                       num_workers=workers, pin_memory=ctx.device.type == "cuda",
-                      generator=_generator(epoch_seed(seed, epoch, ctx.rank)), drop_last=False)
+                      generator=_generator(epoch_seed(seed, epoch, ctx.rank)),
+                      drop_last=batch_size > 1 and per_rank % batch_size == 1)
 
 
 def eval_loader(dataset: Dataset, batch_size: int, workers: int, ctx: DistContext) -> DataLoader:
