@@ -151,3 +151,18 @@ def test_an_unreadable_image_is_refused_when_the_data_loads(tmp_path: Path,
     with pytest.raises(DataError, match="corrupt image file .*1.png: .*; remove or replace it"):
         load_datasets("folder", root, SPEC)  # not later, when an epoch reads it
     assert isinstance(load_test_dataset("folder", root, SPEC).test[0][0], torch.Tensor)
+
+
+def test_a_jpeg_cut_short_in_its_pixels_is_refused_when_the_data_loads(tmp_path: Path) -> None:
+    """Its header is whole (PIL's verify passes it): only decoding finds the missing scans."""
+    root = write_tree(tmp_path, {"train": 2, "val": 1})
+    noise = torch.randint(0, 256, (96, 128, 3), generator=torch.Generator().manual_seed(0),
+                          dtype=torch.uint8).numpy()
+    whole = root / "train" / "cat" / "whole.jpg"
+    Image.fromarray(noise).save(whole, quality=90)
+    data = whole.read_bytes()
+    (root / "train" / "cat" / "cut.jpg").write_bytes(data[:len(data) // 2])
+    with Image.open(root / "train" / "cat" / "cut.jpg") as cut:
+        cut.verify()  # what a header check alone would accept
+    with pytest.raises(DataError, match="corrupt image file .*cut.jpg: image file is truncated"):
+        load_datasets("folder", root, SPEC)

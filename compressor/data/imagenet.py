@@ -51,12 +51,19 @@ def load_rgb_image(path: str) -> Image.Image:
         raise _unreadable(path, exc) from None
 
 
+# A JPEG is checked by decoding it at 1/8 scale (its DCT scaling: a fraction of a full decode),
+# which still reads every scan, so a file cut short in its pixel data fails
+_CHECK_SCALE = 8
+
+
 def check_image_file(path: str) -> None:
-    """Read an image's header and check its structure without decoding its pixels (PIL's
-    verify: cheap enough for every file of a dataset); DataError names a file PIL cannot read."""
+    """Decode an image once, JPEGs at reduced scale, so that a file PIL cannot read, truncated
+    pixel data included, is found before a run writes anything; DataError names it."""
     try:
         with Image.open(path) as image:
-            image.verify()
+            width, height = image.size
+            image.draft("RGB", (max(1, width // _CHECK_SCALE), max(1, height // _CHECK_SCALE)))
+            image.load()
     except _READ_ERRORS as exc:
         raise _unreadable(path, exc) from None
 
