@@ -6,6 +6,7 @@ distillation teacher, an export) can rebuild any compressor checkpoint on its ow
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from compressor.utils.input_spec import InputSpec
 
 __all__ = ["ResolvedModel", "RunSetup", "resolve_model", "build_resolved_model", "load_model",
            "resolve_run"]
+
+LOG = logging.getLogger("compressor")
 
 
 @dataclass(frozen=True)
@@ -106,6 +109,19 @@ def _refuse_code_from_checkpoint(arch: str, request: ModelRequest) -> None:
             f"-a {arch} again (compressor imports code only where the command line names it)")
 
 
+def _warn_changed_code(spec: ArchSpec, checkpoint: Mapping[str, Any], path: Path) -> None:
+    """Own code whose file changed since the checkpoint was written: one warning, the run goes
+    on (the weights still load where the names and shapes are the same)."""
+    recorded = checkpoint.get("args")
+    source = recorded.get("arch_source") if isinstance(recorded, Mapping) else None
+    before = source.get("sha256") if isinstance(source, Mapping) else None
+    now = spec.source.get("sha256")
+    if before and now and before != now:
+        LOG.warning("warning: %s changed since %s was written (sha256 %s, now %s); the model is "
+                    "built from the code as it is now", spec.source.get("file"), path,
+                    str(before)[:12], str(now)[:12])
+
+
 def _refuse_new_input(request: ModelRequest, description: ModelDescription) -> None:
     """The checkpoint's classes and input spec are the model's: a request may not change them."""
     if request.num_classes is not None and request.num_classes != description.num_classes:
@@ -127,7 +143,11 @@ def _input_spec(spec: ArchSpec, dataset: str, request: ModelRequest) -> InputSpe
 
 def _from_arch(request: ModelRequest, spec: ArchSpec) -> ModelDescription:
     dataset = request.dataset or spec.default_dataset
-    if request.pretrained and dataset not in (spec.default_dataset, SYNTHETIC, FOLDER):
+    # the arch's own weights are for its default dataset; the user's own code has no weights
+    # but a --pretrained-file of theirs, for any dataset
+    own_weights = not is_code_reference(spec.name)
+    if own_weights and request.pretrained and dataset not in (spec.default_dataset, SYNTHETIC,
+                                                              FOLDER):
         raise UsageError(f"--pretrained weights of {spec.name} are for "
                          f"{spec.default_dataset}, not {dataset}; drop --pretrained or "
                          "--dataset")
@@ -154,6 +174,7 @@ def resolve_model(request: ModelRequest) -> ResolvedModel:
                 f"'{request.arch}'; drop -a or pass -a {description.arch}")
         _refuse_new_input(request, description)
         spec = get_arch_spec(description.arch)
+        _warn_changed_code(spec, checkpoint, request.checkpoint)
         if request.dataset is not None and request.dataset != description.dataset:
             description = ModelDescription(description.arch, request.dataset,
                                            description.num_classes, description.input_spec,
@@ -187,10 +208,11 @@ def build_resolved_model(resolved: ResolvedModel) -> nn.Module:
 
 
 def load_model(path: str | Path, *, dataset: str | None = None,
-               memory_efficient: str | None = None) -> nn.Module:
-    """Rebuild any compressor checkpoint's model (arch, attributes, transforms) with weights."""
+               memory_efficient: str | None = None, arch: str | None = None) -> nn.Module:
+    """Rebuild any compressor checkpoint's model (arch, attributes, transforms) with weights;
+    a model of the user's own code needs its `arch` (`path/to/file.py:Name`) named again."""
     return build_resolved_model(resolve_model(ModelRequest(
-        checkpoint=Path(path), dataset=dataset, memory_efficient=memory_efficient)))
+        arch=arch, checkpoint=Path(path), dataset=dataset, memory_efficient=memory_efficient)))
 
 
 def _checkpoint_seed(checkpoint: Mapping[str, Any] | None) -> int | None:

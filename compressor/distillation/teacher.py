@@ -20,6 +20,7 @@ from compressor.models.factory import get_arch_spec
 from compressor.models.inference import inference_copy
 from compressor.models.pretrained import has_pretrained_weights, pretrained_file
 from compressor.models.registry import ArchSpec
+from compressor.models.sources import is_code_reference
 from compressor.training.checkpoint import REQUIRED_KEYS, load_checkpoint
 from compressor.training.losses import main_logits
 from compressor.utils.config import ModelRequest
@@ -79,11 +80,26 @@ def _is_compressor_checkpoint(path: Path) -> bool:
     return all(key in load_checkpoint(path) for key in REQUIRED_KEYS)
 
 
+def _named_code(path: Path, arch: str | None) -> str | None:
+    """The --kd-teacher that a checkpoint of the user's own code needs (its arch, named again:
+    code is imported only where the command line names it); None for any other file."""
+    checkpoint = load_checkpoint(path)
+    found = checkpoint.get("arch")
+    if not isinstance(found, str) or not is_code_reference(found):
+        return None
+    if arch != found:
+        raise CheckpointError(f"--kd-resume {path} holds a model of your own code ({found}); "
+                              f"pass --kd-teacher {found} (compressor imports code only where "
+                              "the command line names it)")
+    return found
+
+
 def _resolve_file(path: Path, arch: str | None, student: ModelDescription
                   ) -> tuple[ResolvedModel, str]:
-    """A compressor checkpoint rebuilds itself; other state dicts need --kd-teacher ARCH."""
+    """A compressor checkpoint rebuilds itself (own code with --kd-teacher naming it again);
+    other state dicts need --kd-teacher ARCH."""
     try:
-        resolved = resolve_model(ModelRequest(checkpoint=path))
+        resolved = resolve_model(ModelRequest(checkpoint=path, arch=_named_code(path, arch)))
     except CheckpointError:
         if _is_compressor_checkpoint(path):
             raise  # a damaged compressor checkpoint: its own message says what is wrong
