@@ -205,14 +205,17 @@ def test_qat_resumes_bitwise(qat_runs: dict[str, Path]) -> None:
 def test_qat_checkpoint_deploys_what_it_trained_without_calibration(
         qat_runs: dict[str, Path]) -> None:
     """The int8 model of a QAT checkpoint is the graph QAT trained: batch norms folded into the
-    weights it fake-quantized, ranges it tracked, no calibration; top-1 within 0.1 pt."""
+    weights it fake-quantized, ranges it tracked, no calibration; top-1 within one test image
+    (int8 kernels round as their CPU does: on an Intel CPU with AMX one of the 360 digits flips,
+    on AMD EPYC none)."""
     checkpoint = qat_runs["full"] / "checkpoint.pth.tar"
     _ok(run_cli("--resume-from", str(checkpoint), "-e", "--qept", *COMMON,
                 "-o", str(qat_runs["out"]), "-n", "qat_int8"))
     qat, int8 = _results(qat_runs["full"]), _results(qat_runs["out"] / "qat_int8")
     assert int8["kernels"] == "int8"
     assert int8["stats_source"] == "ranges tracked by quantization-aware training"
-    assert abs(int8["top1"] - qat["top1"]) <= 0.1, (int8["top1"], qat["top1"])
+    one_image = 100.0 / int8["samples"]
+    assert abs(int8["top1"] - qat["top1"]) <= one_image + 1e-9, (int8["top1"], qat["top1"])
 
 
 def test_pact_trains_its_clipping_values(trained: Path, tmp_path: Path) -> None:
