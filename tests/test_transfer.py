@@ -189,3 +189,19 @@ def test_budget_from_a_new_head_is_refused(torch_home: Path, tmp_path: Path) -> 
                      "-j", "0", "-o", str(tmp_path / "out"))
     assert_user_error(result, "cannot teach", "--resume-from", "--no-kd")
     assert not (tmp_path / "out").exists()
+
+
+def test_bn_momentum_is_set_for_training_and_refused_without_it(tmp_path: Path) -> None:
+    from compressor.commands.train import set_bn_momentum
+
+    spec = get_arch_spec("mobilenet_v2")
+    model = spec.builder(num_classes=3, input_spec=spec.input_spec("imagenet"))
+    set_bn_momentum(model, 0.3)
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert norms and all(norm.momentum == 0.3 for norm in norms)
+    result = run_cli("-a", "simplenet_digits", "-e", "--bn-momentum", "0.1", "-j", "0",
+                     "-o", str(tmp_path))
+    assert_user_error(result, "--bn-momentum", "-e trains none")
+    result = run_cli("-a", "simplenet_digits", "--bn-momentum", "0", "-j", "0",
+                     "-o", str(tmp_path))
+    assert_user_error(result, "--bn-momentum")

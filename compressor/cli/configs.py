@@ -84,7 +84,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(epochs=args.epochs, optimizer=optimizer_config(args),
                        loader=loader_config(args), print_freq=args.print_freq,
                        compress=_path(args.compress), reset_optimizer=args.reset_optimizer,
-                       distillation=distillation_config(args), reports=reports)
+                       distillation=distillation_config(args), reports=reports,
+                       bn_momentum=args.bn_momentum)
 
 
 def quantize_config(args: argparse.Namespace) -> QuantizeConfig:

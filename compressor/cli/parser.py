@@ -162,6 +162,11 @@ def _add_training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lr-head", dest="lr_head", type=real(0.0, None, low_open=True),
                        default=None, help="learning rate of a classifier newly initialised for "
                        "the dataset's classes (--pretrained on other classes; default 10 x --lr)")
+    group.add_argument("--bn-momentum", dest="bn_momentum",
+                       type=real(0.0, 1.0, low_open=True), default=None,
+                       help="batch norm momentum while training, in (0, 1] (default: the "
+                            "model's; TF-ported weights such as EfficientNet-Lite's use 0.01, "
+                            "slow to adapt in a short fine-tune: 0.1 is PyTorch's)")
     group.add_argument("--momentum", type=real(0.0, 1.0, high_open=True), default=0.9,
                        help="SGD momentum, in [0, 1)")
     group.add_argument("--wd", "--weight-decay", dest="weight_decay", type=real(0.0, None),
@@ -360,6 +365,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     check_budget(args, _non_training_mode(args))
     _check_distillation(args)
     _check_epoch_reports(args)
+    _check_training_settings(args)
     _check_quantization(args)
     return args
 
@@ -370,6 +376,18 @@ def _non_training_mode(args: argparse.Namespace) -> str | None:
              ("--export-onnx", args.export_onnx is not None), ("--summary", args.summary),
              ("--dry-run", args.dry_run))
     return next((flag for flag, on in modes if on), None)
+
+
+def _check_training_settings(args: argparse.Namespace) -> None:
+    """Settings of training epochs: refused where nothing trains, rather than ignored."""
+    mode = _non_training_mode(args)
+    if mode is None:
+        return
+    for flag, on in (("--bn-momentum", args.bn_momentum is not None),
+                     ("--lr-head", args.lr_head is not None)):
+        if on:
+            raise UsageError(f"{flag} sets how training runs, and {mode} trains none; drop "
+                             f"{flag} (or {mode})")
 
 
 def _check_epoch_reports(args: argparse.Namespace) -> None:

@@ -30,8 +30,8 @@ from compressor.utils.config import LoaderConfig, OptimizerConfig, TrainConfig, 
 from compressor.utils.distributed import DistContext, all_reduce_sum
 from compressor.utils.errors import UsageError
 
-__all__ = ["TrainState", "HEAD_LR_FACTOR", "check_head_lr", "check_resume_epochs",
-           "start_distillation", "run_training"]
+__all__ = ["TrainState", "HEAD_LR_FACTOR", "set_bn_momentum", "check_head_lr",
+           "check_resume_epochs", "start_distillation", "run_training"]
 
 LOG = logging.getLogger("compressor")
 # A newly initialised classifier learns at this multiple of the backbone's --lr (Caffe's
@@ -150,6 +150,14 @@ def _parameter_groups(model: nn.Module, new_layers: tuple[str, ...],
             {"params": [param for param in params if id(param) in head], "lr": lr_head}]
 
 
+def set_bn_momentum(model: nn.Module, momentum: float) -> None:
+    """--bn-momentum: every batch norm's running-statistics momentum, for this run's epochs
+    (timm's train.py flag; a training setting, not the model's, so not in its checkpoint)."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            module.momentum = momentum
+
+
 def check_head_lr(config: TrainConfig, setup: RunSetup) -> None:
     """--lr-head sets a new classifier's learning rate: refused where no layer is new."""
     if config.optimizer.lr_head is not None and not setup.model.new_layers:
@@ -216,6 +224,8 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     """
     optimizer = make_optimizer(_parameter_groups(model, setup.model.new_layers, config.optimizer),
                                config.optimizer)
+    if config.bn_momentum is not None:
+        set_bn_momentum(model, config.bn_momentum)
     compression = _load_compression(config, model, optimizer, setup.seed)
     state = _restore(config, setup, optimizer, compression)
     loss_fn = get_loss(setup.model.arch_spec.loss)

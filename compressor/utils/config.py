@@ -134,6 +134,7 @@ class TrainConfig:
     reset_optimizer: bool = False
     distillation: DistillationConfig | None = None
     reports: ReportConfig = ReportConfig()
+    bn_momentum: float | None = None  # --bn-momentum: every batch norm's, while training
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]],
