@@ -22,14 +22,20 @@ from torch import Tensor, nn
 
 from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import group_norms
-from compressor.thinning.recipe import THINNABLE, is_depthwise, module_sizes
-from compressor.thinning.support import dependency_graph, is_grouped
+from compressor.thinning.graph_guard import run_thinned
+from compressor.thinning.recipe import THINNABLE, apply_thinning_recipe, is_depthwise, module_sizes
+from compressor.thinning.support import dependency_graph, is_grouped, pads_channels
 from compressor.thinning.thin import find_thinning
+from compressor.training.losses import main_logits
+from compressor.utils.errors import UsageError
 
 __all__ = ["ChannelGroup", "prunable_groups", "leader_norms", "leader_ranking", "batchnorms_of",
            "mask_group_filters", "group_masked"]
 
 CONV = nn.modules.conv._ConvNd
+# A thinned probe computes what the masked one did up to float32 rounding of the folded
+# constants; a channel followed wrongly changes the outputs by far more.
+PROBE_TOLERANCE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -72,8 +78,7 @@ def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str]] | None:
         module = dep.target.module
         if not isinstance(module, nn.Module) or type(module).__module__.startswith(
                 "torch_pruning"):
-            if type(module).__name__ == "_OutputOp" or "Pad" in str(
-                    getattr(module, "_grad_fn", "")):
+            if type(module).__name__ == "_OutputOp" or pads_channels(module, graph):
                 return None
             continue
         if not isinstance(module, THINNABLE) or is_grouped(module):
@@ -169,24 +174,44 @@ def group_masked(model: nn.Module, group: ChannelGroup, channels: Tensor,
                 param.copy_(value)
 
 
+def _probe_thinning(model: nn.Module, groups: list[ChannelGroup], inputs: Tensor,
+                    batchnorms: dict[str, str | None]) -> tuple[dict[str, Any], bool]:
+    """Thin a copy of `model` without the least important half of each group's channels:
+    the recipe, and whether the thinned copy computes what the masked one did (it does not
+    where Torch-Pruning follows channels into a slice or a fixed-size reshape)."""
+    probe = copy.deepcopy(model).eval()
+    for group in groups:
+        mask_group_filters(probe, group, leader_ranking(probe, group)[:group.channels // 2],
+                           batchnorms)
+    with torch.no_grad():
+        reference = main_logits(probe(inputs))
+    recipe, _ = find_thinning(probe, inputs, exact=True)
+    apply_thinning_recipe(probe, recipe)
+    try:
+        error = float((run_thinned(probe, inputs, recipe) - reference).abs().max())
+    except UsageError:
+        return recipe, False
+    return recipe, error <= PROBE_TOLERANCE * max(1.0, float(reference.abs().max()))
+
+
 def prunable_groups(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
     """The model's channel groups whose pruned filters thinning removes, every one of them.
 
     A probe zeroes the least important half of every candidate group's channels on a copy
     and keeps the groups whose every layer then loses exactly those: a channel that a norm
     turns into a constant before a zero-padded convolution (pre-activation blocks) cannot be
-    removed exactly, and its group is left out.
+    removed exactly, and its group is left out. Where the thinned probe does not compute what
+    the masked one did, each group is probed alone and kept only if it thins exactly.
     """
     candidates = [g for g in _candidates(model, inputs) if g.channels > 1]
     if not candidates:
         return []
-    probe = copy.deepcopy(model).eval()
-    batchnorms = batchnorms_of(probe, candidates)
-    for group in candidates:
-        mask_group_filters(probe, group, leader_ranking(probe, group)[:group.channels // 2],
-                           batchnorms)
-    recipe, _ = find_thinning(probe, inputs, exact=True)
+    batchnorms = batchnorms_of(model, candidates)
+    recipe, exact = _probe_thinning(model, candidates, inputs, batchnorms)
     removed = recipe["modules"]
-    return [g for g in candidates
+    kept = [g for g in candidates
             if all(len(removed.get(w.rsplit(".", 1)[0], {}).get("out", [])) == g.channels // 2
                    for w in g.weights)]
+    if exact:
+        return kept
+    return [g for g in kept if _probe_thinning(model, [g], inputs, batchnorms)[1]]

@@ -7,16 +7,25 @@ from collections.abc import Iterable
 import torch.fx
 from torch import nn
 
+from compressor.models.eval_caches import drop_eval_caches
+
 __all__ = ["following_batchnorms"]
 
 
+# Modules traced as one call_module node whatever their forward does inside: batch norms (in-place
+# ABN too), and the layers whose weights are pruned, including subclasses from outside torch.nn
+# (efficientnet's Conv2dStaticSamePadding pads, then calls F.conv2d: traced through, the layer
+# would have no node of its own, and the batch norm after it would go unmasked)
+_LEAVES = (nn.modules.batchnorm._BatchNorm, nn.modules.conv._ConvNd, nn.Linear)
+
+
 class _NormLeafTracer(torch.fx.Tracer):
-    """A tracer that keeps every batch norm (in-place ABN too) as one call_module node."""
+    """A tracer that keeps every batch norm and every convolution / linear layer as one
+    call_module node."""
 
     def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        """Batch norms are leaves, whatever their forward does inside."""
-        return isinstance(m, nn.modules.batchnorm._BatchNorm) or super().is_leaf_module(
-            m, module_qualified_name)
+        """Batch norms, convolutions and linear layers are leaves."""
+        return isinstance(m, _LEAVES) or super().is_leaf_module(m, module_qualified_name)
 
 
 def following_batchnorms(model: nn.Module, module_names: Iterable[str]) -> dict[str, str | None]:
@@ -31,6 +40,8 @@ def following_batchnorms(model: nn.Module, module_names: Iterable[str]) -> dict[
     except Exception as exc:  # tracing fails on data-dependent control flow
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ValueError(f"torch.fx cannot trace {type(model).__name__} ({reason})") from exc
+    finally:
+        drop_eval_caches(model)  # the trace left Proxy objects in them
     modules = dict(model.named_modules())
     found: dict[str, str | None] = dict.fromkeys(wanted)
     for node in graph.nodes:

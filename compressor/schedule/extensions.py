@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from compressor.models.description import described, unwrap_model
 from compressor.pruning.structured import StructurePruner
+from compressor.thinning.probe import rehearse_thinning
 from compressor.thinning.support import check_thinnable
 from compressor.thinning.transform import probe_batch, thin
 from compressor.utils.errors import ScheduleError, UsageError
@@ -81,11 +82,13 @@ def thinned_layers(policies: Sequence[Any]) -> list[tuple[str, bool]]:
 
 def check_schedule_thinning(model: nn.Module, policies: Sequence[Any], source: str) -> None:
     """Refuse at load a schedule that would thin channels thinning cannot remove (shared with a
-    grouped convolution, or behind a channel shuffle), naming the layer."""
+    grouped convolution, behind a channel shuffle, or into a slice: a rehearsal on a copy),
+    naming the layer."""
     layers = thinned_layers(policies)
     if not layers or not described(model):
         return
     try:
         check_thinnable(unwrap_model(model), probe_batch(model), layers)
+        rehearse_thinning(unwrap_model(model), probe_batch(model), layers)
     except UsageError as exc:
         raise ScheduleError(f"{source}: {exc}") from None

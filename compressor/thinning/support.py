@@ -18,10 +18,13 @@ import torch.fx
 from torch import Tensor, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
+from compressor.models.eval_caches import drop_eval_caches
+from compressor.thinning.graph_guard import check_converges
 from compressor.thinning.recipe import is_depthwise
 from compressor.utils.errors import UsageError
 
-__all__ = ["dependency_graph", "channel_shuffles", "is_grouped", "check_thinnable"]
+__all__ = ["dependency_graph", "channel_shuffles", "is_grouped", "pads_channels", "pads",
+           "check_thinnable"]
 
 _RESHAPES = ("view", "reshape")
 
@@ -30,6 +33,36 @@ def is_grouped(module: nn.Module) -> bool:
     """A convolution with groups that is not depthwise (its channels go per group)."""
     return (isinstance(module, nn.modules.conv._ConvNd) and module.groups > 1
             and not is_depthwise(module))
+
+
+def _pad_widths(op: Any, graph: Any) -> tuple[int, ...] | None:
+    """A traced padding op's widths, in F.pad's order ((left, right) from the last dimension
+    back); None when the op does not record them (a reflection or replication pad)."""
+    node = graph.module2node.get(op)
+    pad = getattr(getattr(node, "grad_fn", None), "_saved_pad", None)
+    return None if pad is None else tuple(int(value) for value in pad)
+
+
+def _is_pad(op: Any) -> bool:
+    return "Pad" in str(getattr(op, "_grad_fn", ""))
+
+
+def pads_channels(op: Any, graph: Any) -> bool:
+    """Whether a traced op pads the channel dimension (a zero-padded shortcut, whose channels
+    thinning cannot follow); a spatial pad (TF-style "same" padding) keeps every channel."""
+    if not _is_pad(op):
+        return False
+    widths = _pad_widths(op, graph)
+    # entries past the fourth reach the channels of an N x C x H x W tensor
+    return widths is None or any(widths[4:])
+
+
+def pads(op: Any, graph: Any) -> bool:
+    """Whether a traced op pads its input at all (a pad of zero widths does not)."""
+    if not _is_pad(op):
+        return False
+    widths = _pad_widths(op, graph)
+    return widths is None or any(widths)
 
 
 def channel_shuffles(model: nn.Module, inputs: Tensor) -> list[str]:
@@ -41,6 +74,8 @@ def channel_shuffles(model: nn.Module, inputs: Tensor) -> list[str]:
             ShapeProp(traced).propagate(inputs)
     except Exception:  # noqa: BLE001 - an untraceable model has no shuffle we can name
         return []
+    finally:
+        drop_eval_caches(model)  # the trace left Proxy objects in them
     found: list[str] = []
     for node in traced.graph.nodes:
         name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__",
@@ -62,14 +97,19 @@ def channel_shuffles(model: nn.Module, inputs: Tensor) -> list[str]:
 
 def dependency_graph(model: nn.Module, inputs: Tensor) -> Any:
     """Torch-Pruning's dependency graph of `model`; a model it cannot follow is one UsageError
-    naming the channel shuffle where there is one."""
+    naming the channel shuffle where there is one (or the layer whose groups never complete:
+    compressor.thinning.graph_guard)."""
     import torch_pruning as tp
 
     try:
-        return tp.DependencyGraph().build_dependency(model, example_inputs=inputs,
-                                                     verbose=False)
+        graph = tp.DependencyGraph().build_dependency(model, example_inputs=inputs,
+                                                      verbose=False)
     except Exception as exc:  # noqa: BLE001 - Torch-Pruning fails in many ways on odd graphs
         failure = exc
+    else:
+        drop_eval_caches(model)  # its forward with gradients left autograd history in them
+        check_converges(graph, model)
+        return graph
     shuffles = channel_shuffles(model, inputs)  # traced only now: most models need no trace
     if shuffles:
         raise UsageError(f"thinning cannot follow the channel shuffle in '{shuffles[0]}' (its "

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from compressor.models.description import description_of
+from compressor.thinning.graph_guard import run_thinned
 from compressor.thinning.recipe import (
     RECIPE_VERSION,
     THINNABLE,
@@ -24,7 +25,7 @@ from compressor.thinning.recipe import (
     is_depthwise,
     module_sizes,
 )
-from compressor.thinning.support import dependency_graph, is_grouped
+from compressor.thinning.support import dependency_graph, is_grouped, pads, pads_channels
 from compressor.training.losses import main_logits
 from compressor.utils.errors import CompressorError, UsageError
 
@@ -86,8 +87,18 @@ def _unused_roots(consumers: list[tuple[nn.Module, list[int], list[int]]]) -> se
     return unused
 
 
-def _is_unpadded(module: nn.Module) -> bool:
-    return isinstance(module, nn.Linear) or all(p == 0 for p in module.padding)
+def _is_unpadded(module: nn.Module, graph: Any) -> bool:
+    """Whether a layer reads its input without padding: a constant input channel then gives a
+    constant everywhere. A padding op right before it in the traced graph counts: a forward
+    pre-hook sees the input before a padding inside the layer's forward (efficientnet's
+    Conv2dStaticSamePadding, timm's Conv2dSame pad TF-style "same", then convolve)."""
+    if isinstance(module, nn.Linear):
+        return True
+    own = module.padding
+    if not (own == "valid" if isinstance(own, str) else all(p == 0 for p in own)):
+        return False
+    node = graph.module2node.get(module)
+    return not any(pads(source.module, graph) for source in getattr(node, "inputs", ()))
 
 
 class _Plan:
@@ -136,8 +147,8 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
                 "torch_pruning"):
             if type(module).__name__ == "_OutputOp":
                 return 0  # the channel reaches the model's output
-            if "Pad" in str(getattr(module, "_grad_fn", "")):
-                return 0  # a padding may shift channels (a zero-padded shortcut)
+            if pads_channels(module, graph):
+                return 0  # a channel padding shifts channels (a zero-padded shortcut)
             continue  # Torch-Pruning's stand-ins for functional ops need no change
         if not isinstance(module, THINNABLE):
             return 0  # a layer we do not know how to thin
@@ -172,10 +183,10 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
                 continue
             value = None if constants is None else constants[i]
             if value is None or (value != 0.0 and is_depthwise(module)
-                                 and not _is_unpadded(module)):
+                                 and not _is_unpadded(module, graph)):
                 dead.discard(r)  # not provably constant here: keep the channel
             elif value != 0.0 and not is_depthwise(module):
-                if exact and not _is_unpadded(module):
+                if exact and not _is_unpadded(module, graph):
                     dead.discard(r)  # zero padding makes the constant position-dependent
                 else:
                     folds.setdefault(module, {})[i] = value
@@ -290,6 +301,28 @@ def _probe_batch(model: nn.Module) -> Tensor:
     return torch.randn(2, *spec.input_size, device=param.device, dtype=param.dtype)
 
 
+def _working_copy(model: nn.Module, inputs: Tensor) -> tuple[nn.Module, Tensor, Tensor]:
+    """A copy of `model` to thin, the inputs to check it on, and its outputs on them.
+
+    In float64 where the model runs in it: float32 rounds every sum by about 1e-7 of its
+    terms, which passes 1e-5 of the logits where activations are large beside them (random
+    data through a trained network) or a fold adds up hundreds of constants; float64 rounding
+    is far below the tolerance, so any error left is thinning's own. The folded constants are
+    computed in float64 too, and rounded once, when the model takes the copy's values.
+    """
+    if inputs.is_floating_point() and inputs.dtype != torch.float64:
+        try:
+            work = copy.deepcopy(model).double()
+            precise = inputs.double()
+            with torch.no_grad():
+                return work, precise, main_logits(work(precise))
+        except (RuntimeError, TypeError):
+            pass  # no float64 on this device (MPS), or a forward that fixes its own dtype
+    work = copy.deepcopy(model)
+    with torch.no_grad():
+        return work, inputs, main_logits(work(inputs))
+
+
 def thin_model(model: nn.Module, *, exact: bool = True, inputs: Tensor | None = None,
                atol: float = 1e-5) -> dict[str, Any]:
     """Remove zeroed filters/channels of `model` in place and return this thinning's recipe.
@@ -300,23 +333,22 @@ def thin_model(model: nn.Module, *, exact: bool = True, inputs: Tensor | None = 
     layer's bias; where zero padding makes that inexact the channel is kept, unless
     `exact=False` (then the interior value is folded, close to what Distiller's thinning did).
     The result is checked against the original outputs on `inputs` (default: a random batch
-    at the model's InputSpec), in eval mode. A layer that would lose every filter or every
-    input is refused (UsageError), and `model` is left unchanged. The recipe's indices are
-    those of `model` as it was: compose it with an earlier recipe (compose_recipes) to get
-    one for the freshly built model; nothing is recorded on `model`.
+    at the model's InputSpec), in eval mode, in float64 where the model runs in it. A layer
+    that would lose every filter or every input is refused (UsageError), and `model` is left
+    unchanged. The recipe's indices are those of `model` as it was: compose it with an
+    earlier recipe (compose_recipes) to get one for the freshly built model; nothing is
+    recorded on `model`.
     """
     if inputs is None:
         inputs = _probe_batch(model)
     was_training = model.training
     model.eval()
     try:
-        with torch.no_grad():
-            reference = main_logits(model(inputs))
-        work = copy.deepcopy(model)  # folds and slices happen here; `model` stays intact
+        # folds and slices happen on the copy; `model` stays intact until the check passes
+        work, inputs, reference = _working_copy(model, inputs)
         recipe, _ = find_thinning(work, inputs, exact)
         apply_thinning_recipe(work, recipe)
-        with torch.no_grad():
-            error = float((main_logits(work(inputs)) - reference).abs().max())
+        error = float((run_thinned(work, inputs, recipe) - reference).abs().max())
         if exact and error > atol * max(1.0, float(reference.abs().max())):
             raise CompressorError(
                 f"thinning would change the model's outputs by {error:.3g}; this is a bug in "
