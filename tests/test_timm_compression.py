@@ -1,0 +1,99 @@
+"""What timm's models taught the compression code: thinning refuses in one line the models
+whose channels Torch-Pruning follows wrongly (GhostNet's slice, a ViT's per-head reshape) or
+never completely (EfficientViT's cascaded attention), a budget search keeps only the groups
+that thin exactly, and a model's eval-mode caches survive the graph traces (LeViT)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from compressor.budget.groups import prunable_groups
+from compressor.models import create_model, get_arch_spec
+from compressor.pruning.graph import following_batchnorms
+from compressor.schedule import load_schedule
+from compressor.thinning.support import dependency_graph
+from compressor.thinning.thin import thin_model
+from compressor.utils.errors import ScheduleError, UsageError
+
+timm = pytest.importorskip("timm", reason="install the timm extra: pip install -e '.[timm]'")
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = (3, 32, 32)
+
+
+def _tiny(name: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    spec = get_arch_spec(f"timm/{name}").input_spec("imagenet").with_overrides(TINY)
+    return create_model(f"timm/{name}", "synthetic", num_classes=5, input_spec=spec).eval()
+
+
+def _filters_schedule(path: Path, weights: list[str]) -> Path:
+    path.write_text(yaml.safe_dump({
+        "version": 1,
+        "pruners": {"p": {"class": "L1RankedStructureParameterPruner_AGP",
+                          "initial_sparsity": 0.1, "final_sparsity": 0.5,
+                          "group_type": "Filters", "weights": weights}},
+        "extensions": {"thinner": {"class": "FilterRemover",
+                                   "thinning_func_str": "remove_filters"}},
+        "policies": [{"pruner": {"instance_name": "p"}, "starting_epoch": 0,
+                      "ending_epoch": 2, "frequency": 1},
+                     {"extension": {"instance_name": "thinner"}, "epochs": [2]}]}))
+    return path
+
+
+def test_a_slice_thinning_cannot_follow_is_refused_when_the_schedule_loads(
+        tmp_path: Path) -> None:
+    """GhostNet keeps `cat([primary, cheap])[:, :out]`: thinning a primary convolution breaks
+    the forward, found by a rehearsal on a copy before any epoch runs."""
+    model = _tiny("ghostnet_050")
+    layer = "blocks.1.0.ghost1.primary_conv.0"
+    with torch.no_grad():
+        model.get_submodule(layer).weight[0] = 0
+    with pytest.raises(UsageError, match="thinning cannot follow the channels of GhostNet.*"
+                                         "its forward fails"):
+        thin_model(copy.deepcopy(model))
+    schedule = _filters_schedule(tmp_path / "filters.yaml", [f"{layer}.weight"])
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(ScheduleError, match=r"filters\.yaml: thinning cannot follow"):
+        load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    after = model.state_dict()
+    assert all(torch.equal(before[key], after[key]) for key in before)  # a copy rehearsed
+
+
+def test_channel_groups_that_never_complete_are_refused() -> None:
+    """EfficientViT's cascaded group attention feeds split heads back into the next one:
+    Torch-Pruning's indices there grow without end (the process ran out of memory)."""
+    model = _tiny("efficientvit_m0")
+    with pytest.raises(UsageError, match="do not converge.*keep this model unthinned"):
+        dependency_graph(model, torch.randn(1, *TINY))
+
+
+def test_a_budget_search_keeps_only_groups_that_thin_exactly() -> None:
+    """A ViT block's qkv rows are viewed per head (a fixed-size reshape that thinning breaks);
+    its MLP's hidden features thin exactly: the search may shrink those alone."""
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=5)
+    groups = prunable_groups(model.eval(), torch.randn(1, *TINY))
+    assert [group.weights for group in groups] == [("blocks.0.mlp.fc1.weight",)]
+
+
+def test_eval_caches_survive_graph_traces() -> None:
+    """LeViT caches its attention biases in eval mode; the torch.fx and Torch-Pruning traces
+    would leave Proxy objects and autograd history there, and copies of the model break."""
+    model = _tiny("levit_128s")
+    x = torch.randn(2, *TINY)
+    with torch.no_grad():
+        expected = model(x)
+    following_batchnorms(model, ["stem.conv1.linear"])
+    dependency_graph(model, x[:1])
+    copied = copy.deepcopy(model).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(copied(x), expected)
+        torch.testing.assert_close(model(x), expected)
+    assert not model.training and all(not m.training for m in model.modules())
