@@ -9,7 +9,8 @@ few hundred training images per class (train/) and the test images of those clas
    head at `--lr-head` (10x `--lr`), the backbone at `--lr`;
 2. `scratch`: the same command without `--pretrained`, the same epochs, every layer at the
    new head's rate (`--scratch-lr`);
-3. `int8`: `--resume-from dense --target-latency 0.5 --qe --qept`: the budget search prunes and
+3. `int8`: `--resume-from dense --target-latency 0.5 --qe --qept --qe-per-channel` (depthwise
+   convolutions want per-channel weight scales): the budget search prunes and
    thins to half the dense latency (batch 1, 1 thread), fine-tunes with the dense model as
    teacher, then quantizes to int8 kernels.
 
@@ -143,7 +144,8 @@ def main() -> None:
                                     str(out / "dense" / "checkpoint.pth.tar"),
                                     "--target-latency", "0.5", "--epochs",
                                     str(args.budget_epochs), "--lr", str(args.lr), "--qe",
-                                    "--qept", "--bn-momentum", str(args.bn_momentum),
+                                    "--qept", "--qe-per-channel", "--bn-momentum",
+                                    str(args.bn_momentum),
                                     "--latency-batch", str(args.latency_batch)])
     dense_file = out / "dense" / "checkpoint.pth.tar"
     int8_file = out / "int8" / "quantized_checkpoint.pth.tar"
