@@ -1,6 +1,7 @@
 """The README's path for a user's own data, end to end in real CLI runs: a folder of images ->
 fine-tune a pretrained backbone -> compress to a budget -> int8 -> ONNX, each step reading only
-what the step before wrote."""
+what the step before wrote. About 25 s of CLI runs: marked `registry`, run by CI after the
+suite (.ci/run)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ def _results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
 
 
+@pytest.mark.registry
 @pytest.mark.filterwarnings("ignore")
 def test_folder_fine_tune_budget_int8_onnx(torch_home: Path, tmp_path: Path) -> None:
     pytest.importorskip("onnxruntime", reason="the [onnx] extra (onnxruntime) is not installed")
