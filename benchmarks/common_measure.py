@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from torch.ao.nn import quantized as nnq
 
 from compressor.models.description import description_of
-from compressor.quantization.int8_onednn import OnednnLayer
+from compressor.quantization.int8.onednn import OnednnLayer
 from compressor.training.checkpoint import load_checkpoint
 
 __all__ = ["stored_weights_size", "weight_counts", "count_macs", "model_input",

@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 from compressor.data.load import load_calibration_dataset, load_test_dataset
 from compressor.models.description import describe, description_of
-from compressor.quantization.post_train import calibration_batches
+from compressor.quantization.simulated.post_train import calibration_batches
 from compressor.utils.input_spec import InputSpec
 
 __all__ = ["calibration_images", "test_loader", "fx_x86_ptq", "nncf_openvino_ptq",

@@ -20,7 +20,7 @@ import yaml
 from compressor.models.description import description_of
 from compressor.models.factory import create_model, get_arch_spec, list_archs
 from compressor.pruning import LevelPruner, sparsity
-from compressor.quantization.qat import is_qat_prepared
+from compressor.quantization.qat.quantizer import is_qat_prepared
 from compressor.schedule import load_schedule
 from compressor.schedule.loader import SECTIONS
 from compressor.schedule.policies import ExtensionPolicy, PruningPolicy
@@ -151,7 +151,7 @@ def test_corpus_schedule(path: Path, pristine: dict[str, torch.nn.Module]) -> No
     metrics = train_one_epoch(model, data, cross_entropy, optimizer, torch.device("cpu"), epoch,
                               hooks=sched)
     assert math.isfinite(metrics["loss"])
-    sched.on_epoch_end(epoch, {"loss": metrics["loss"], "top1": 0.0})
+    sched.on_epoch_end(epoch, metrics={"loss": metrics["loss"], "top1": 0.0})
 
     if quantizers:
         assert is_qat_prepared(model)

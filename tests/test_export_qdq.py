@@ -11,11 +11,11 @@ import torch
 
 from compressor.export.qdq import qdq_form
 from compressor.models import create_model
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.graph import explicit_graph
-from compressor.quantization.post_train import PostTrainLinearQuantizer
-from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.settings import settings_from_args
+from compressor.quantization.simulated.graph import explicit_graph
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
+from compressor.quantization.statistics.collect import collect_stats
 from tests.conftest import assert_user_error, run_cli, trained_like_batchnorms
 
 onnx = pytest.importorskip("onnx", reason="install the onnx extra: pip install -e '.[onnx]'")

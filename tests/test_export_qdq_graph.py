@@ -14,10 +14,10 @@ import torch
 from compressor.export.qdq import qdq_form
 from compressor.export.qdq_graph import REWRITES, integer_rewrites
 from compressor.models.layers.eltwise import Concat
-from compressor.quantization.graph import explicit_graph
-from compressor.quantization.post_train import PostTrainLinearQuantizer
-from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats
+from compressor.quantization.core.settings import settings_from_args
+from compressor.quantization.simulated.graph import explicit_graph
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
+from compressor.quantization.statistics.collect import collect_stats
 from tests.test_quant_graph import trained_like_model
 
 onnx = pytest.importorskip("onnx", reason="install the onnx extra: pip install -e '.[onnx]'")

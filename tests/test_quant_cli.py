@@ -12,7 +12,7 @@ import yaml
 
 from compressor.assembly.setup import load_model
 from compressor.models.description import description_of
-from compressor.quantization.stats_file import load_stats
+from compressor.quantization.statistics.stats_file import load_stats
 from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import run_cli
 

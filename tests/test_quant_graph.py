@@ -14,12 +14,12 @@ from torch import nn
 from compressor.commands.quantize import quantization_graph
 from compressor.models import create_model, get_arch_spec, list_archs
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.graph import explicit_graph
-from compressor.quantization.int8 import convert_to_int8, kernels_saturate
-from compressor.quantization.post_train import PostTrainLinearQuantizer
-from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.settings import settings_from_args
+from compressor.quantization.int8.convert import convert_to_int8, kernels_saturate
+from compressor.quantization.simulated.graph import explicit_graph
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
+from compressor.quantization.statistics.collect import collect_stats
 from compressor.utils.config import QuantizeConfig
 from tests.conftest import run_cli, trained_like_batchnorms
 

@@ -8,12 +8,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from compressor.models.factory import create_model
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.int8 import check_convertible, convert_to_int8, kernels_saturate
-from compressor.quantization.post_train import PostTrainLinearQuantizer
-from compressor.quantization.range_linear import quantize
-from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import quantize
+from compressor.quantization.core.settings import settings_from_args
+from compressor.quantization.int8.convert import (
+    check_convertible,
+    convert_to_int8,
+    kernels_saturate,
+)
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
+from compressor.quantization.statistics.collect import collect_stats
 from tests.conftest import trained_like_batchnorms
 
 
@@ -102,7 +106,7 @@ def test_kernels_saturate_is_measured_per_engine() -> None:
 
 
 def test_reduce_range_puts_activations_on_a_7_bit_grid() -> None:
-    from compressor.quantization.settings import QuantSettings, resolve_layers
+    from compressor.quantization.core.settings import QuantSettings, resolve_layers
 
     model = create_model("simplenet_mnist", "mnist")
     settings = settings_from_args({"reduce_range": True, "overrides": {
@@ -120,7 +124,7 @@ def test_reduce_range_puts_activations_on_a_7_bit_grid() -> None:
 
 def test_full_range_activations_are_refused_where_kernels_saturate(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from compressor.quantization import int8
+    from compressor.quantization.int8 import convert as int8
 
     full = _quantized("simplenet_mnist", "mnist", (1, 28, 28), {"reduce_range": False})
     reduced = _quantized("simplenet_mnist", "mnist", (1, 28, 28), {"reduce_range": True})

@@ -9,14 +9,14 @@ import torch
 from torch import nn
 
 from compressor.models.factory import create_model
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.int8 import check_convertible
-from compressor.quantization.post_train import PostTrainLinearQuantizer
-from compressor.quantization.qat import QATWrapper
-from compressor.quantization.qat_build import QAT_CLASSES, build_qat_quantizer
-from compressor.quantization.range_linear import fake_quantize, weight_quant_params
-from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import fake_quantize, weight_quant_params
+from compressor.quantization.core.settings import settings_from_args
+from compressor.quantization.int8.convert import check_convertible
+from compressor.quantization.qat.build import QAT_CLASSES, build_qat_quantizer
+from compressor.quantization.qat.quantizer import QATWrapper
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
+from compressor.quantization.statistics.collect import collect_stats
 from tests.conftest import assert_user_error, run_main
 
 

@@ -23,8 +23,8 @@ from compressor.quantization import (
     tensor_range,
     tensor_stats,
 )
-from compressor.quantization.graph import explicit_graph
-from compressor.quantization.post_train import PostTrainLinearQuantizer
+from compressor.quantization.simulated.graph import explicit_graph
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
 from tests.conftest import assert_user_error, run_cli
 
 QUANTIZE = ("-a", "simplenet_digits", "-e", "--qe", "-b", "64", "-j", "0")

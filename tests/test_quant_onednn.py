@@ -11,27 +11,27 @@ import pytest
 import torch
 from torch import nn
 
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.graph import explicit_graph
-from compressor.quantization.int8 import (
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import LinearQuantMode, fake_quantize, quant_params
+from compressor.quantization.core.settings import settings_from_args
+from compressor.quantization.int8.convert import (
     Grid,
     activation_grid,
     convert_to_int8,
     kernels_saturate,
     resolve_backend,
 )
-from compressor.quantization.int8_onednn import (
+from compressor.quantization.int8.onednn import (
     OnednnLayer,
     OnednnPointwise,
     dequantize_uint8,
     onednn_available,
     quantize_uint8,
 )
-from compressor.quantization.post_train import PostTrainLinearQuantizer
-from compressor.quantization.range_linear import LinearQuantMode, fake_quantize, quant_params
-from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats
-from compressor.quantization.wrappers import TensorQuant
+from compressor.quantization.simulated.graph import explicit_graph
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
+from compressor.quantization.simulated.wrappers import TensorQuant
+from compressor.quantization.statistics.collect import collect_stats
 from tests.conftest import run_cli
 from tests.test_quant_graph import trained_like_model
 

@@ -10,21 +10,21 @@ import torch
 from torch import nn
 
 from compressor.models.factory import create_model
-from compressor.quantization.clipping import stats_range
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.fusion import Fusion, apply_fusions, find_fusions
-from compressor.quantization.packing import pack_state_dict, unpack_state_dict
-from compressor.quantization.post_train import (
+from compressor.quantization.core.clipping import stats_range
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import quant_params
+from compressor.quantization.core.settings import settings_from_args
+from compressor.quantization.simulated.fusion import Fusion, apply_fusions, find_fusions
+from compressor.quantization.simulated.packing import pack_state_dict, unpack_state_dict
+from compressor.quantization.simulated.post_train import (
     PostTrainLinearQuantizer,
     calibration_batches,
     is_quantized,
     quantization_summary,
     quantize_from_recipe,
 )
-from compressor.quantization.range_linear import quant_params
-from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats
-from compressor.quantization.stats_file import load_stats
+from compressor.quantization.statistics.collect import collect_stats
+from compressor.quantization.statistics.stats_file import load_stats
 from tests.conftest import CORPUS, trained_like_batchnorms
 
 STATS_DIR = CORPUS / "quantization" / "post_train_quant" / "stats"

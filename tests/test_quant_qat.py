@@ -11,8 +11,21 @@ import yaml
 from torch import nn
 
 from compressor.models.factory import create_model
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.qat import (
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import (
+    LinearQuantMode,
+    fake_quantize,
+    quant_params,
+    weight_quant_params,
+)
+from compressor.quantization.qat.build import QAT_CLASSES, build_qat_quantizer, qat_from_recipe
+from compressor.quantization.qat.methods import (
+    ClippedLinearQuantization,
+    LearnedClippedLinearQuantization,
+    dorefa_weight,
+    wrpn_weight,
+)
+from compressor.quantization.qat.quantizer import (
     FakeLinearQuantization,
     LinearWeightQuant,
     QATWrapper,
@@ -22,20 +35,7 @@ from compressor.quantization.qat import (
     quantizer_parameter_names,
     range_qparams,
 )
-from compressor.quantization.qat_build import QAT_CLASSES, build_qat_quantizer, qat_from_recipe
-from compressor.quantization.qat_methods import (
-    ClippedLinearQuantization,
-    LearnedClippedLinearQuantization,
-    dorefa_weight,
-    wrpn_weight,
-)
-from compressor.quantization.range_linear import (
-    LinearQuantMode,
-    fake_quantize,
-    quant_params,
-    weight_quant_params,
-)
-from compressor.quantization.stats_file import parse_stats
+from compressor.quantization.statistics.stats_file import parse_stats
 from tests.conftest import CORPUS, requires_corpus
 
 QAT_DIR = CORPUS / "quantization" / "quant_aware_train"
@@ -337,7 +337,7 @@ def test_unknown_class_and_unmatched_override_are_refused() -> None:
 def test_pact_gradients_are_those_of_its_gradchecked_clip() -> None:
     """PACT's backward (straight through the rounding) is the exact gradient of the clip
     min(relu(x), alpha) in x and alpha; gradcheck verifies that clip numerically."""
-    from compressor.quantization.qat_methods import LearnedClippedLinearQuantization
+    from compressor.quantization.qat.methods import LearnedClippedLinearQuantization
 
     def clip(x: torch.Tensor, alpha: torch.Tensor) -> torch.Tensor:
         return torch.minimum(torch.relu(x), alpha)

@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from compressor.models import create_model
-from compressor.quantization.post_train import PostTrainLinearQuantizer
-from compressor.quantization.qat import qat_to_float, set_qat_enabled
-from compressor.quantization.qat_build import build_qat_quantizer, qat_from_recipe
-from compressor.quantization.qat_fold import FoldedBatchNorm, FusedQATWrapper
+from compressor.quantization.qat.build import build_qat_quantizer, qat_from_recipe
+from compressor.quantization.qat.fold import FoldedBatchNorm, FusedQATWrapper
+from compressor.quantization.qat.quantizer import qat_to_float, set_qat_enabled
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
 from tests.conftest import trained_like_batchnorms
 from tests.test_quant_graph import BLOCK_FAMILIES, trained_like_model
 

@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from compressor.models import get_arch_spec, list_archs
-from compressor.quantization.graph import explicit_graph
-from compressor.quantization.int8 import convert_to_int8
-from compressor.quantization.post_train import PostTrainLinearQuantizer
-from compressor.quantization.settings import settings_from_args
-from compressor.quantization.stats import collect_stats
+from compressor.quantization.core.settings import settings_from_args
+from compressor.quantization.int8.convert import convert_to_int8
+from compressor.quantization.simulated.graph import explicit_graph
+from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
+from compressor.quantization.statistics.collect import collect_stats
 from tests.test_quant_graph import FAMILIES, trained_like_model
 
 pytestmark = [pytest.mark.registry, pytest.mark.usefixtures("one_thread")]

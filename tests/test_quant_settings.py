@@ -6,10 +6,10 @@ import pytest
 from torch import nn
 
 from compressor.models.layers.eltwise import EltwiseAdd
-from compressor.quantization.clipping import ClipMode
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.range_linear import LinearQuantMode, ModuleQuantMode
-from compressor.quantization.settings import (
+from compressor.quantization.core.clipping import ClipMode
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import LinearQuantMode, ModuleQuantMode
+from compressor.quantization.core.settings import (
     QuantSettings,
     quantizable_modules,
     resolve_layers,

@@ -133,7 +133,7 @@ def test_a_tensor_measured_twice_gives_what_measuring_it_anew_gives(
     """A module's input is mostly the tensor the module before it measured as its output: its
     figures are reused for that very tensor unchanged only, so the statistics equal a fresh
     measurement of every tensor."""
-    from compressor.quantization import stats as stats_module
+    from compressor.quantization.statistics import collect as stats_module
 
     torch.manual_seed(0)
     model = Branches().eval()

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from compressor.models.description import describe, description_of, stored_form
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.int8 import Grid, activation_grid, weight_integers
-from compressor.quantization.range_linear import quantize_bias
-from compressor.quantization.wrappers import (
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import quantize_bias
+from compressor.quantization.int8.convert import Grid, activation_grid, weight_integers
+from compressor.quantization.simulated.wrappers import (
     ActivationWrapper,
     EltwiseWrapper,
     ParamLayerWrapper,

@@ -1,7 +1,10 @@
-"""Quantization with Distiller's semantics: range-linear math, activation clipping, statistics,
-post-training quantization (simulated, and real int8 kernels), quantization-aware training."""
+"""Quantization with Distiller's semantics, one subpackage per stage: `core` (range-linear math,
+activation clipping, settings), `statistics` (calibration and the stats file), `simulated`
+(post-training quantization in float), `qat` (quantization-aware training), `int8` (lowering to
+real 8-bit kernels per backend); `recipe` ties them together for checkpoints. Import public names
+from here; the old flat module paths still import, with a DeprecationWarning (see `moved`)."""
 
-from compressor.quantization.clipping import (
+from compressor.quantization.core.clipping import (
     ALPHA_GAUSS,
     ALPHA_GAUSS_POSITIVE,
     ALPHA_LAPLACE,
@@ -15,26 +18,8 @@ from compressor.quantization.clipping import (
     stats_range,
     tensor_range,
 )
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.int8 import INT8_BACKENDS, check_convertible, convert_to_int8
-from compressor.quantization.packing import pack_state_dict, unpack_state_dict
-from compressor.quantization.post_train import (
-    PostTrainLinearQuantizer,
-    calibration_batches,
-    is_quantized,
-    quantization_summary,
-    quantize_from_recipe,
-)
-from compressor.quantization.qat import (
-    QATQuantizer,
-    QuantAwareTrainRangeLinearQuantizer,
-    is_qat_prepared,
-    qat_to_float,
-    quantizer_parameter_names,
-)
-from compressor.quantization.qat_build import QAT_CLASSES, build_qat_quantizer, qat_from_recipe
-from compressor.quantization.qat_methods import DorefaQuantizer, PACTQuantizer, WRPNQuantizer
-from compressor.quantization.range_linear import (
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import (
     MAX_ACCUM_BITS,
     MAX_BITS,
     MIN_BITS,
@@ -59,7 +44,7 @@ from compressor.quantization.range_linear import (
     torch_qparams,
     weight_quant_params,
 )
-from compressor.quantization.settings import (
+from compressor.quantization.core.settings import (
     LayerSettings,
     QuantSettings,
     quantizable_modules,
@@ -67,8 +52,27 @@ from compressor.quantization.settings import (
     settings_from_args,
     with_layer_overrides,
 )
-from compressor.quantization.stats import collect_stats, tensor_stats
-from compressor.quantization.stats_file import (
+from compressor.quantization.int8.convert import INT8_BACKENDS, check_convertible, convert_to_int8
+from compressor.quantization.moved import install_moved_finder
+from compressor.quantization.qat.build import QAT_CLASSES, build_qat_quantizer, qat_from_recipe
+from compressor.quantization.qat.methods import DorefaQuantizer, PACTQuantizer, WRPNQuantizer
+from compressor.quantization.qat.quantizer import (
+    QATQuantizer,
+    QuantAwareTrainRangeLinearQuantizer,
+    is_qat_prepared,
+    qat_to_float,
+    quantizer_parameter_names,
+)
+from compressor.quantization.simulated.packing import pack_state_dict, unpack_state_dict
+from compressor.quantization.simulated.post_train import (
+    PostTrainLinearQuantizer,
+    calibration_batches,
+    is_quantized,
+    quantization_summary,
+    quantize_from_recipe,
+)
+from compressor.quantization.statistics.collect import collect_stats, tensor_stats
+from compressor.quantization.statistics.stats_file import (
     STAT_KEYS,
     STATS_FILE_NAME,
     ActivationStats,
@@ -106,3 +110,5 @@ __all__ = [
     "WRPNQuantizer", "QAT_CLASSES", "build_qat_quantizer", "qat_from_recipe", "is_qat_prepared",
     "qat_to_float", "quantizer_parameter_names",
 ]
+
+install_moved_finder()

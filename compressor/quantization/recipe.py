@@ -17,11 +17,11 @@ from compressor.models.description import (
     describe,
     description_of,
 )
-from compressor.quantization.int8 import convert_to_int8, kernels_saturate
-from compressor.quantization.int8_onednn import ONEDNN, onednn_available
-from compressor.quantization.packing import pack_state_dict, unpack_state_dict
-from compressor.quantization.post_train import quantize_from_recipe
-from compressor.quantization.qat_build import qat_from_recipe
+from compressor.quantization.int8.convert import convert_to_int8, kernels_saturate
+from compressor.quantization.int8.onednn import ONEDNN, onednn_available
+from compressor.quantization.qat.build import qat_from_recipe
+from compressor.quantization.simulated.packing import pack_state_dict, unpack_state_dict
+from compressor.quantization.simulated.post_train import quantize_from_recipe
 from compressor.utils.errors import CheckpointError
 
 __all__ = ["QuantizationTransform", "QUANTIZATION", "quantization_kind", "int8_model"]

@@ -200,8 +200,8 @@ def _thinner(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
 
 
 def _qat_quantizer(name: str, reader: EntryReader, resolver: ParamResolver) -> Any:
-    from compressor.quantization.errors import QuantizationError
-    from compressor.quantization.qat_build import build_qat_quantizer
+    from compressor.quantization.core.errors import QuantizationError
+    from compressor.quantization.qat.build import build_qat_quantizer
 
     class_name = reader.raw("class")
     args = {str(key): reader.raw(str(key)) for key in list(reader.mapping) if key != "class"}

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from compressor.quantization.errors import QuantizationError, shown, unknown_choice
+from compressor.quantization.core.errors import QuantizationError, shown, unknown_choice
 
 __all__ = [
     "MIN_BITS", "MAX_BITS", "MAX_ACCUM_BITS", "LinearQuantMode", "ModuleQuantMode",

@@ -21,10 +21,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from compressor.quantization.errors import QuantizationError, shown
-from compressor.quantization.qat import QATQuantizer
-from compressor.quantization.range_linear import LinearQuantizeSTE
-from compressor.quantization.settings import LayerSettings, QuantSettings
+from compressor.quantization.core.errors import QuantizationError, shown
+from compressor.quantization.core.range_linear import LinearQuantizeSTE
+from compressor.quantization.core.settings import LayerSettings, QuantSettings
+from compressor.quantization.qat.quantizer import QATQuantizer
 
 __all__ = [
     "clamp_ste", "dorefa_weight", "wrpn_weight", "DorefaWeightQuant", "WRPNWeightQuant",

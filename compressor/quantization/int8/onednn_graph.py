@@ -25,8 +25,7 @@ import torch.fx
 import torch.nn.functional as F
 from torch import nn
 
-from compressor.quantization.graph import ensure_float, exact_on_quantized
-from compressor.quantization.int8_onednn import (
+from compressor.quantization.int8.onednn import (
     OnednnLayer,
     OnednnPointwise,
     dequantize_uint8,
@@ -35,6 +34,7 @@ from compressor.quantization.int8_onednn import (
     relu_uint8,
     supported_post_op,
 )
+from compressor.quantization.simulated.graph import ensure_float, exact_on_quantized
 
 __all__ = ["lower_onednn_graph"]
 

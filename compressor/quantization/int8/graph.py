@@ -19,7 +19,7 @@ import torch.ao.nn.intrinsic.quantized as nniq
 import torch.fx
 from torch import Tensor, nn
 
-from compressor.quantization.graph import ensure_float, exact_on_quantized
+from compressor.quantization.simulated.graph import ensure_float, exact_on_quantized
 
 __all__ = ["lower_int8_graph", "requantize", "QUANTIZED_SAFE_MODULES", "flatten_calls"]
 

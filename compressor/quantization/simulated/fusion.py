@@ -22,8 +22,8 @@ from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval, fuse_linear_bn_eval
 
 from compressor.models.layers.eltwise import EltwiseAdd
-from compressor.quantization.errors import QuantizationError, shown
-from compressor.quantization.settings import ELTWISE_LAYERS, PARAM_LAYERS
+from compressor.quantization.core.errors import QuantizationError, shown
+from compressor.quantization.core.settings import ELTWISE_LAYERS, PARAM_LAYERS
 
 __all__ = ["Fusion", "QuantTracer", "trace_model", "find_fusions", "apply_fusions",
            "fusions_to_recipe", "fusions_from_recipe", "input_sources", "FUSABLE_ACTIVATIONS"]

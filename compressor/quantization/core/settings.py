@@ -22,9 +22,9 @@ from torch import nn
 
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.models.names import canonical_name
-from compressor.quantization.clipping import ClipMode, check_clip_n_stds, parse_clip_mode
-from compressor.quantization.errors import QuantizationError, shown
-from compressor.quantization.range_linear import (
+from compressor.quantization.core.clipping import ClipMode, check_clip_n_stds, parse_clip_mode
+from compressor.quantization.core.errors import QuantizationError, shown
+from compressor.quantization.core.range_linear import (
     LinearQuantMode,
     ModuleQuantMode,
     check_accum_bits,

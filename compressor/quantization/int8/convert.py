@@ -30,29 +30,29 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
-from compressor.quantization.errors import QuantizationError, unknown_choice
-from compressor.quantization.graph import ensure_float, float_functional_inputs
-from compressor.quantization.int8_graph import (
+from compressor.quantization.core.errors import QuantizationError, unknown_choice
+from compressor.quantization.core.range_linear import (
+    MAX_ACCUM_BITS,
+    LinearQuantMode,
+    quantize,
+    torch_qparams,
+)
+from compressor.quantization.int8.graph import (
     QUANTIZED_SAFE_MODULES,
     flatten_calls,
     lower_int8_graph,
     requantize,
 )
-from compressor.quantization.int8_onednn import (
+from compressor.quantization.int8.onednn import (
     ONEDNN,
     OnednnLayer,
     onednn_available,
     onednn_problem,
     onednn_saturates,
 )
-from compressor.quantization.int8_onednn_graph import lower_onednn_graph
-from compressor.quantization.range_linear import (
-    MAX_ACCUM_BITS,
-    LinearQuantMode,
-    quantize,
-    torch_qparams,
-)
-from compressor.quantization.wrappers import (
+from compressor.quantization.int8.onednn_graph import lower_onednn_graph
+from compressor.quantization.simulated.graph import ensure_float, float_functional_inputs
+from compressor.quantization.simulated.wrappers import (
     ActivationWrapper,
     EltwiseWrapper,
     ParamLayerWrapper,

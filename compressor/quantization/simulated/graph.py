@@ -26,8 +26,8 @@ from torch.fx.passes.shape_prop import ShapeProp, TensorMetadata
 
 from compressor.models.description import describe, described, description_of
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.fusion import QuantTracer
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.simulated.fusion import QuantTracer
 
 __all__ = ["GRAPH_VERSION", "explicit_graph", "float_functional_inputs", "ensure_float",
            "exact_on_quantized"]

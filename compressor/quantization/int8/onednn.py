@@ -22,7 +22,7 @@ import torch
 import torch.fx
 from torch import Tensor, nn
 
-from compressor.quantization.wrappers import ParamLayerWrapper
+from compressor.quantization.simulated.wrappers import ParamLayerWrapper
 
 __all__ = ["ONEDNN", "onednn_available", "onednn_problem", "OnednnLayer", "OnednnPointwise",
            "dequantize_uint8", "quantize_uint8", "eltwise_uint8",

@@ -21,9 +21,9 @@ import torch.fx
 from torch import Tensor, nn
 
 from compressor.models.description import unwrap_model
-from compressor.quantization.clipping import HISTOGRAM_BINS
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.stats_file import ActivationStats
+from compressor.quantization.core.clipping import HISTOGRAM_BINS
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.statistics.stats_file import ActivationStats
 
 __all__ = ["tensor_stats", "collect_stats"]
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from compressor.quantization.errors import QuantizationError, shown
+from compressor.quantization.core.errors import QuantizationError, shown
 from compressor.utils.atomic_io import atomic_write_text
 
 __all__ = ["STATS_FILE_NAME", "STAT_KEYS", "ActivationStats", "load_stats", "parse_stats",

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from compressor.quantization.fusion import Fusion
-from compressor.quantization.qat_modules import QATWrapper, where_enabled
+from compressor.quantization.qat.modules import QATWrapper, where_enabled
+from compressor.quantization.simulated.fusion import Fusion
 
 __all__ = ["FoldedBatchNorm", "FusedQATWrapper", "fold_factor"]
 

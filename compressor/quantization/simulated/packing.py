@@ -17,9 +17,9 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor, nn
 
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.range_linear import dequantize, quantize
-from compressor.quantization.wrappers import ParamLayerWrapper, WeightQuant
+from compressor.quantization.core.errors import QuantizationError
+from compressor.quantization.core.range_linear import dequantize, quantize
+from compressor.quantization.simulated.wrappers import ParamLayerWrapper, WeightQuant
 
 __all__ = ["INT_SUFFIX", "SCALARS_KEY", "pack_state_dict", "unpack_state_dict"]
 

@@ -16,10 +16,10 @@ from typing import Any
 
 from torch import nn
 
-from compressor.quantization.errors import QuantizationError, shown, unknown_choice
-from compressor.quantization.qat import QATQuantizer, QuantAwareTrainRangeLinearQuantizer
-from compressor.quantization.qat_methods import DorefaQuantizer, PACTQuantizer, WRPNQuantizer
-from compressor.quantization.settings import QuantSettings, settings_from_args
+from compressor.quantization.core.errors import QuantizationError, shown, unknown_choice
+from compressor.quantization.core.settings import QuantSettings, settings_from_args
+from compressor.quantization.qat.methods import DorefaQuantizer, PACTQuantizer, WRPNQuantizer
+from compressor.quantization.qat.quantizer import QATQuantizer, QuantAwareTrainRangeLinearQuantizer
 
 __all__ = ["QAT_CLASSES", "build_qat_quantizer", "qat_from_recipe"]
 

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from compressor.quantization.errors import QuantizationError, shown, unknown_choice
-from compressor.quantization.range_linear import LinearQuantMode, check_bits, parse_quant_mode
+from compressor.quantization.core.errors import QuantizationError, shown, unknown_choice
+from compressor.quantization.core.range_linear import LinearQuantMode, check_bits, parse_quant_mode
 
 __all__ = [
     "ClipMode", "parse_clip_mode", "check_clip_n_stds", "ALPHA_GAUSS", "ALPHA_GAUSS_POSITIVE",

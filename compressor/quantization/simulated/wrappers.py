@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from compressor.quantization.clipping import ClipMode, tensor_range
-from compressor.quantization.range_linear import (
+from compressor.quantization.core.clipping import ClipMode, tensor_range
+from compressor.quantization.core.range_linear import (
     MAX_ACCUM_BITS,
     MAX_BITS,
     LinearQuantMode,

@@ -20,20 +20,10 @@ import torch.fx
 from torch import Tensor, nn
 
 from compressor.models.layers.eltwise import Concat
-from compressor.quantization.clipping import ClipMode, shared_histogram_range, stats_range
-from compressor.quantization.errors import MissingStatisticsError, QuantizationError, shown
-from compressor.quantization.fusion import (
-    Fusion,
-    apply_fusions,
-    find_fusions,
-    fusions_from_recipe,
-    fusions_to_recipe,
-    input_sources,
-    trace_model,
-)
-from compressor.quantization.graph import GRAPH_VERSION, explicit_graph
-from compressor.quantization.range_linear import quant_params
-from compressor.quantization.settings import (
+from compressor.quantization.core.clipping import ClipMode, shared_histogram_range, stats_range
+from compressor.quantization.core.errors import MissingStatisticsError, QuantizationError, shown
+from compressor.quantization.core.range_linear import quant_params
+from compressor.quantization.core.settings import (
     ACTIVATION_LAYERS,
     ELTWISE_LAYERS,
     PARAM_LAYERS,
@@ -42,8 +32,17 @@ from compressor.quantization.settings import (
     quantizable_modules,
     resolve_layers,
 )
-from compressor.quantization.stats_file import ActivationStats, parse_stats
-from compressor.quantization.wrappers import (
+from compressor.quantization.simulated.fusion import (
+    Fusion,
+    apply_fusions,
+    find_fusions,
+    fusions_from_recipe,
+    fusions_to_recipe,
+    input_sources,
+    trace_model,
+)
+from compressor.quantization.simulated.graph import GRAPH_VERSION, explicit_graph
+from compressor.quantization.simulated.wrappers import (
     ActivationWrapper,
     EltwiseWrapper,
     ParamLayerWrapper,
@@ -51,6 +50,7 @@ from compressor.quantization.wrappers import (
     TensorQuant,
     WeightQuant,
 )
+from compressor.quantization.statistics.stats_file import ActivationStats, parse_stats
 
 __all__ = ["PostTrainLinearQuantizer", "quantize_from_recipe", "is_quantized",
            "quantization_summary", "calibration_batches", "RECIPE_VERSION"]

@@ -26,10 +26,21 @@ import torch
 from torch import Tensor, nn
 
 from compressor.models.description import unwrap_model
-from compressor.quantization.errors import QuantizationError, shown
-from compressor.quantization.fusion import Fusion, find_fusions, input_sources, trace_model
-from compressor.quantization.qat_fold import FoldedBatchNorm, FusedQATWrapper
-from compressor.quantization.qat_modules import (
+from compressor.quantization.core.errors import QuantizationError, shown
+from compressor.quantization.core.range_linear import (
+    MAX_BITS,
+    check_bits,
+)
+from compressor.quantization.core.settings import (
+    ELTWISE_LAYERS,
+    PARAM_LAYERS,
+    LayerSettings,
+    QuantSettings,
+    reduced_bits,
+    resolve_layers,
+)
+from compressor.quantization.qat.fold import FoldedBatchNorm, FusedQATWrapper
+from compressor.quantization.qat.modules import (
     DEFAULT_EMA_DECAY,
     FakeLinearQuantization,
     InputGrid,
@@ -40,17 +51,11 @@ from compressor.quantization.qat_modules import (
     range_qparams,
     update_ema,
 )
-from compressor.quantization.range_linear import (
-    MAX_BITS,
-    check_bits,
-)
-from compressor.quantization.settings import (
-    ELTWISE_LAYERS,
-    PARAM_LAYERS,
-    LayerSettings,
-    QuantSettings,
-    reduced_bits,
-    resolve_layers,
+from compressor.quantization.simulated.fusion import (
+    Fusion,
+    find_fusions,
+    input_sources,
+    trace_model,
 )
 
 __all__ = [

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from compressor.quantization.range_linear import (
+from compressor.quantization.core.range_linear import (
     LinearQuantizeSTE,
     LinearQuantMode,
     fake_quantize_ste,
