@@ -29,20 +29,20 @@ def add_budget_args(parser: argparse.ArgumentParser) -> None:
                                           else ""))
     group.add_argument("--max-drop", dest="max_drop", type=real(0.0, 100.0), default=None,
                        metavar="PTS", help="accuracy floor: most validation top-1 points the "
-                       "budget may cost (reported as met or not)")
+                       "budget may cost, in [0, 100] (reported as met or not)")
     group.add_argument("--latency-batch", dest="latency_batch", type=integer(1, 4096),
-                       default=None, metavar="N", help="batch size of latency measurements "
-                       "(default 1)")
+                       default=None, metavar="N", help="batch size of latency measurements, "
+                       "1..4096 (default 1)")
     group.add_argument("--latency-threads", dest="latency_threads", type=integer(1, 1024),
-                       default=None, metavar="N", help="CPU threads of latency measurements "
-                       "(default 1)")
+                       default=None, metavar="N", help="CPU threads of latency measurements, "
+                       "1..1024 (default 1)")
     group.add_argument("--no-kd", dest="no_kd", action="store_true",
                        help="fine-tune without distillation from the dense model")
     group.add_argument("--greedy", action="store_true",
                        help="Distiller's greedy search: here a budget run with --target-macs")
     group.add_argument("--greedy-target-density", dest="greedy_target_density", type=_fraction,
                        default=None, metavar="D", help="with --greedy: the MACs fraction to "
-                       "reach (= --target-macs D)")
+                       "reach, in (0, 1) (= --target-macs D)")
 
 
 def budget_requested(args: argparse.Namespace) -> bool:

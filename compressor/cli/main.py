@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tabulate import tabulate
 from torch import nn
 
 from compressor.assembly.setup import RunSetup, build_resolved_model, resolve_run
 from compressor.cli.budget_args import budget_config
+from compressor.cli.checks import quantization_requested
 from compressor.cli.configs import (
     args_record,
     data_config,
@@ -30,7 +30,8 @@ from compressor.cli.configs import (
     quantize_config,
     train_config,
 )
-from compressor.cli.parser import parse_args, quantization_requested
+from compressor.cli.parser import parse_args
+from compressor.cli.results_table import dataset_label, results_table
 from compressor.commands.budget import BudgetRun, is_budget_run, run_budget
 from compressor.commands.common import (
     calibration_source,
@@ -108,19 +109,6 @@ def _refuse_quantized(args: argparse.Namespace, setup: RunSetup, training: bool)
     if mode is not None:
         raise UsageError(f"{setup.checkpoint_path} is post-training quantized, and {mode} needs "
                          "a float model; use the float checkpoint it came from (quantize last)")
-
-
-def _print_results(results: dict[str, Any]) -> None:
-    shown = (("top-1 (%)", "top1", "{:.2f}"), ("top-5 (%)", "top5", "{:.2f}"),
-             ("loss", "loss", "{:.4f}"), ("kernels", "kernels", "{}"),
-             ("bits (acts/wts)", "bits", "{}"), ("stats", "stats_file", "{}"),
-             ("params", "params", "{:,}"), ("time (s)", "time", "{:.1f}"))
-    if "kernels" in results:
-        results = {**results, "bits": f"{results.get('bits_activations')}/"
-                                      f"{results.get('bits_weights')}"}
-    rows = [[label, fmt.format(results[key])] for label, key, fmt in shown if key in results]
-    print(tabulate(rows, headers=[f"{results['arch']} on {results['dataset']}", ""],
-                   tablefmt="github"))
 
 
 def _check_before_writing(args: argparse.Namespace, setup: RunSetup, model: nn.Module,
@@ -206,7 +194,7 @@ def run(args: argparse.Namespace) -> int:
             results = {**model_facts(model, run_dir), **named, **results,
                        "time": time.perf_counter() - started}
             write_results_json(run_dir, results)
-            _print_results(results)
+            print(results_table(results, dataset_label(results["dataset"], args.data)))
     return 0
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from tabulate import tabulate
 from torch import nn
 
+from compressor.reports.numbers import integer, significant
 from compressor.utils.atomic_io import atomic_write, atomic_write_text
 
 __all__ = ["budget_rows", "budget_table", "write_budget_json", "plot_pareto", "output_channels",
@@ -31,11 +32,18 @@ def budget_rows(targets: Mapping[str, float], dense: Mapping[str, float],
     return rows
 
 
+def _figure(quantity: str, value: float) -> str:
+    """A dense or final figure: counts (MACs, parameters, bytes) with separators, seconds with
+    4 significant digits, never in scientific notation."""
+    return significant(value) if quantity == "latency" else integer(value)
+
+
 def budget_table(report: Mapping[str, Any]) -> str:
     """The budgets and accuracies of a budget.json report as a GitHub-style table."""
     rows = [[_UNITS.get(r["quantity"], r["quantity"]), f"{r['target']:.3f}",
-             f"{r['achieved']:.3f}", f"{r['dense']:.6g}", f"{r['final']:.6g}",
-             "yes" if r["met"] else "NO"] for r in report["budgets"]]
+             f"{r['achieved']:.3f}", _figure(r["quantity"], r["dense"]),
+             _figure(r["quantity"], r["final"]), "yes" if r["met"] else "NO"]
+            for r in report["budgets"]]
     accuracy = report["accuracy"]
     floor = accuracy.get("max_drop")
     rows.append(["val top-1 drop (pts)", "-" if floor is None else f"{floor:.2f}",
@@ -45,7 +53,8 @@ def budget_table(report: Mapping[str, Any]) -> str:
     rows.append(["test top-1 (%)", "", "", f"{report['dense_test_top1']:.2f}",
                  f"{report['final_test_top1']:.2f}", ""])
     return tabulate(rows, headers=["budget", "target", "achieved", "dense", "final", "met"],
-                    tablefmt="github")
+                    tablefmt="github", disable_numparse=True,
+                    colalign=("left", "right", "right", "right", "right", "left"))
 
 
 def write_budget_json(path: str | os.PathLike[str], report: Mapping[str, Any]) -> None:

@@ -96,15 +96,16 @@ def format_confusion(matrix: Tensor, labels: Sequence[str]) -> str:
                  for v, i in zip(values.tolist(), flat.tolist(), strict=True) if v > 0]
         return (f"{count} classes: the full matrix is in confusion.csv; most frequent "
                 f"confusions:\n" + tabulate(pairs, headers=["true", "predicted", "count"],
-                                            tablefmt="github"))
+                                            tablefmt="github", disable_numparse=[0, 1]))
     named = max((len(label) for label in labels), default=0) <= NAME_WIDTH
     columns = list(labels) if named else [str(i) for i in range(count)]
     columns += [OTHER] if shown.shape[1] > count else []
     body = [[label if named or label == str(i) else f"{i} {label}", *values, hit]
             for i, (label, values, hit) in enumerate(zip(labels, shown.tolist(), top1,
                                                          strict=True))]
+    # class names stay text: a folder named 007 is not the number 7
     return tabulate(body, headers=["true \\ predicted", *columns, "top-1 (%)"],
-                    tablefmt="github", floatfmt=".2f", missingval="-")
+                    tablefmt="github", floatfmt=".2f", missingval="-", disable_numparse=[0])
 
 
 def write_confusion_csv(matrix: Tensor, labels: Sequence[str], path: Path) -> None:

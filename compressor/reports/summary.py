@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from compressor.models.description import description_of
 from compressor.pruning.groups import sparsity
 from compressor.reports.metrics import layer_costs, model_metrics, weight_tensors
+from compressor.reports.numbers import integer
 from compressor.utils.errors import UsageError
 
 __all__ = ["SUMMARY_KINDS", "print_summary", "sparsity_table", "compute_table",
@@ -40,15 +41,18 @@ def sparsity_table(model: nn.Module) -> str:
         nnz = int(torch.count_nonzero(weight))
         total += weight.numel()
         nonzero += nnz
-        rows.append([name, tuple(weight.shape), weight.numel(), nnz,
+        rows.append([name, str(tuple(weight.shape)), integer(weight.numel()), integer(nnz),
                      _pct(_zero_groups(weight, 0)), _pct(_zero_groups(weight, 1)),
                      _pct(sparsity(weight)),
                      f"{float(weight.float().std()) if weight.numel() > 1 else 0.0:.4f}",
                      f"{float(weight.abs().float().mean()):.4f}"])
-    rows.append(["Total", "", total, nonzero, "", "", _pct(1.0 - nonzero / max(total, 1)), "", ""])
+    rows.append(["Total", "", integer(total), integer(nonzero), "", "",
+                 _pct(1.0 - nonzero / max(total, 1)), "", ""])
     headers = ["Name", "Shape", "Params", "Non-zeros", "Filters/Rows zero (%)",
                "Channels/Cols zero (%)", "Sparsity (%)", "Std", "Abs-Mean"]
-    return tabulate(rows, headers=headers, tablefmt="psql", floatfmt=".4f")
+    # formatted text, not re-parsed: percentages keep their 2 decimals (compressor.reports.numbers)
+    return tabulate(rows, headers=headers, tablefmt="psql", disable_numparse=True,
+                    colalign=("left", "left", *["right"] * 7))
 
 
 def compute_table(model: nn.Module) -> str:
@@ -80,7 +84,8 @@ def model_table(model: nn.Module) -> str:
         ["model file size (bytes)", f"{metrics['model_file_size']:,}"],
         ["compressed file size (bytes)", f"{metrics['model_file_size_compressed']:,}"],
     ]
-    return f"{model}\n{tabulate(rows, tablefmt='psql')}"
+    table = tabulate(rows, tablefmt="psql", disable_numparse=True)  # "0.00" % stays "0.00"
+    return f"{model}\n{table}"
 
 
 def modules_table(model: nn.Module) -> str:
