@@ -12,6 +12,8 @@ import torch
 import yaml
 
 from compressor.assembly.state import assemble_checkpoint
+from compressor.cli.args_distillation import KD_LOSS_DEFAULTS
+from compressor.cli.parser import get_args_parser
 from compressor.models import create_model
 from compressor.models.description import description_of
 from compressor.training.checkpoint import load_checkpoint, save_checkpoint
@@ -102,6 +104,9 @@ def test_resume_without_the_kd_flags_is_refused(runs: dict[str, Path]) -> None:
     (("--kd-teacher", "simplenet_digits", "--kd-pretrained", "--kd-tw", "0.5"),
      ("--kd-teacher-wt is not supported",), run_main),
     (("--kd-teacher", "simplenet_digits"), ("needs weights", "--kd-pretrained"), run_main),
+    (("--kd-temp", "4"), ("--kd-temperature sets how a teacher teaches", "--kd-resume"),
+     run_main),
+    (("--kd-start-epoch", "1"), ("--kd-start-epoch sets how a teacher teaches",), run_main),
     (("--kd-resume", "{five}"), ("predicts 5 classes", "student simplenet_digits predicts 10"),
      run_cli),
 ])
@@ -114,3 +119,10 @@ def test_refusals_are_one_line_errors(tmp_path: Path, flags: tuple[str, ...],
                     "-o", str(tmp_path), "-n", "refused")
     assert_user_error(result, *fragments)
     assert not (tmp_path / "refused" / "checkpoint.pth.tar").exists()
+
+
+def test_loss_defaults_are_the_parsers() -> None:
+    """The 'given without a teacher' check compares with the parser's own defaults."""
+    defaults = get_args_parser().parse_args([])
+    for dest, default in KD_LOSS_DEFAULTS.values():
+        assert getattr(defaults, dest) == default

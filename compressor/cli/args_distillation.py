@@ -6,7 +6,13 @@ import argparse
 
 from compressor.cli.domains import INT_MAX, integer, path, real
 
-__all__ = ["add_distillation_args"]
+__all__ = ["add_distillation_args", "KD_LOSS_DEFAULTS"]
+
+# The loss settings' flags and defaults: given without a teacher they would do nothing
+KD_LOSS_DEFAULTS = {"--kd-temperature": ("kd_temperature", 1.0),
+                    "--kd-distill-wt": ("kd_distill_wt", 0.5),
+                    "--kd-student-wt": ("kd_student_wt", 0.5),
+                    "--kd-start-epoch": ("kd_start_epoch", 0)}
 
 
 def add_distillation_args(parser: argparse.ArgumentParser) -> None:

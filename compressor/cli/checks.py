@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from compressor.cli.args_distillation import KD_LOSS_DEFAULTS
 from compressor.cli.budget_args import budget_requested, check_budget
 from compressor.utils.errors import UsageError
 
@@ -72,6 +73,11 @@ def _check_distillation(args: argparse.Namespace) -> None:
     if args.kd_teacher is None and args.kd_resume is None:
         if args.kd_pretrained:
             raise UsageError("--kd-pretrained needs --kd-teacher ARCH")
+        for flag, (dest, default) in KD_LOSS_DEFAULTS.items():
+            if getattr(args, dest) != default:  # refused rather than ignored
+                raise UsageError(f"{flag} sets how a teacher teaches, and no teacher is named; "
+                                 "add --kd-resume CKPT (or --kd-teacher ARCH --kd-pretrained), "
+                                 f"or drop {flag}")
         return
     if args.kd_resume is None and not args.kd_pretrained:
         raise UsageError("a distillation teacher needs weights: add --kd-pretrained (torchvision "
