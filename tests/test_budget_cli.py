@@ -160,6 +160,17 @@ def test_a_budget_needs_trained_weights_and_a_validation_split(tmp_path: Path) -
     assert not (tmp_path / "novs").exists()
 
 
+@pytest.mark.parametrize("flag", [("--latency-batch", "8"), ("--max-drop", "1"), ("--no-kd",)])
+def test_budget_flags_on_a_checkpoint_that_is_not_a_budget_run_are_refused(
+        flag: tuple[str, ...], tmp_path: Path) -> None:
+    dense = _untrained(tmp_path / "dense.pth.tar")
+    for mode in ((), ("-e",)):
+        result = run_main("--resume-from", str(dense), *mode, *flag, "--epochs", "1",
+                          "-o", str(tmp_path), "-n", "ignored")
+        assert_user_error(result, f"{flag[0]} belongs to a budget run", "is not one")
+        assert not (tmp_path / "ignored").exists()
+
+
 def test_distillers_greedy_flags_map_onto_a_macs_budget() -> None:
     args = parse_args(["-a", "resnet20_cifar", "--pretrained", "--greedy",
                        "--greedy-target-density", "0.5"])

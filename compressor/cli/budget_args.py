@@ -9,7 +9,8 @@ from compressor.cli.domains import integer, real
 from compressor.utils.config import BudgetConfig
 from compressor.utils.errors import UsageError
 
-__all__ = ["add_budget_args", "check_budget", "budget_requested", "budget_config", "TARGETS"]
+__all__ = ["add_budget_args", "check_budget", "budget_requested", "budget_config",
+           "budget_only_flags", "TARGETS"]
 
 # flag -> budgeted quantity
 TARGETS = (("--target-macs", "macs"), ("--target-params", "params"),
@@ -62,15 +63,20 @@ def _map_greedy(args: argparse.Namespace) -> None:
     args.target_macs = args.greedy_target_density
 
 
+def budget_only_flags(args: argparse.Namespace) -> list[str]:
+    """The flags given that only a budget run reads (--max-drop, --no-kd, --latency-*)."""
+    return [flag for flag, on in (
+        ("--max-drop", args.max_drop is not None), ("--no-kd", args.no_kd),
+        ("--latency-batch", args.latency_batch is not None),
+        ("--latency-threads", args.latency_threads is not None)) if on]
+
+
 def check_budget(args: argparse.Namespace, non_training_mode: str | None) -> None:
     """Cross-check the budget flags (maps --greedy onto --target-macs); UsageError otherwise."""
     _map_greedy(args)
     if not budget_requested(args):
-        extra = [flag for flag, on in (
-            ("--max-drop", args.max_drop is not None), ("--no-kd", args.no_kd),
-            ("--latency-batch", args.latency_batch is not None),
-            ("--latency-threads", args.latency_threads is not None)) if on]
-        if extra and args.resume_from is None:
+        extra = budget_only_flags(args)
+        if extra and args.resume_from is None:  # else: only a budget run's checkpoint takes them
             raise UsageError(f"{extra[0]} belongs to a budget run; add a --target-* budget or "
                              f"drop {extra[0]}")
         return

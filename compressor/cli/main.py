@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from compressor.assembly.setup import RunSetup, build_resolved_model, resolve_run
-from compressor.cli.budget_args import budget_config
+from compressor.cli.budget_args import budget_config, budget_only_flags
 from compressor.cli.checks import quantization_requested
 from compressor.cli.configs import (
     args_record,
@@ -157,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
             budget, config, data_config(args, training),
             quantize_config(args) if quantization_requested(args) else None, args.output_dir,
             args.name, args_record(args), distillation_config(args)), setup, ctx, model, started)
+    extra = budget_only_flags(args)
+    if extra:  # resuming a checkpoint that is not a budget run's: the flag would do nothing
+        raise UsageError(f"{extra[0]} belongs to a budget run, and {setup.checkpoint_path} is "
+                         f"not one; add a --target-* budget or drop {extra[0]}")
     distillation = _check_before_writing(args, setup, model, ctx, config, training)
     if args.export_onnx is not None:
         from compressor.commands.export import run_export
