@@ -58,7 +58,7 @@ def run_schedule(model: nn.Module, doc: dict, epochs: int, batches: int = 2, lr:
         scheduler.on_epoch_begin(epoch)
         train_one_epoch(model, data, cross_entropy, optimizer, torch.device("cpu"), epoch,
                         hooks=scheduler)
-        scheduler.on_epoch_end(epoch, {"loss": 1.0, "top1": 50.0})
+        scheduler.on_epoch_end(epoch, metrics={"loss": 1.0, "top1": 50.0})
     return scheduler, optimizer
 
 

@@ -54,13 +54,13 @@ def test_term_is_added_only_in_active_epochs() -> None:
     model = tiny()
     sched = build_scheduler(doc(), model, torch.optim.SGD(model.parameters(), lr=0.1))
     loss = torch.tensor(1.0)
-    assert sched.before_backward_pass(0, 0, 1, loss) is None
-    term = sched.before_backward_pass(1, 0, 1, loss)
+    assert sched.before_backward_pass(0, 0, 1, loss) is loss  # Distiller's: loss + terms
+    total = sched.before_backward_pass(1, 0, 1, loss)
     expected = 0.05 * model.conv2.weight.transpose(0, 1).reshape(8, -1).norm(dim=1).sum()
-    assert term is not None and torch.allclose(term, expected)
-    term.backward()
+    assert torch.allclose(total - loss, expected)
+    total.backward()
     assert model.conv2.weight.grad is not None
-    assert sched.before_backward_pass(3, 0, 1, loss) is None
+    assert sched.before_backward_pass(3, 0, 1, loss) is loss
 
 
 def test_regularization_shrinks_groups_and_keep_mask_freezes_them() -> None:

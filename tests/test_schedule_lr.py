@@ -30,7 +30,8 @@ def rates(entry: dict, epochs: int, start: int = 0, metrics=None) -> list[float]
     seen = []
     for epoch in range(epochs):
         seen.append(optimizer.param_groups[0]["lr"])
-        sched.on_epoch_end(epoch, metrics(epoch) if metrics else {"loss": 1.0, "top1": 1.0})
+        values = metrics(epoch) if metrics else {"loss": 1.0, "top1": 1.0}
+        sched.on_epoch_end(epoch, metrics=values)
     return seen
 
 

@@ -3,7 +3,6 @@ export.json and results.json in a run directory of its own."""
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -12,15 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from compressor.api.export import check_exportable, export_model
 from compressor.assembly.setup import RunSetup
 from compressor.commands.common import load_run_data, model_facts, run_record
 from compressor.data import needs_data_dir
-from compressor.export import export_onnx, require_onnx
-from compressor.export.qdq import check_qdq_exportable, qdq_form
-from compressor.models.description import description_of, stored_form
-from compressor.quantization.errors import QuantizationError
-from compressor.quantization.int8 import check_convertible
-from compressor.quantization.recipe import int8_model, quantization_kind
+from compressor.export import require_onnx
 from compressor.training.run_dir import (
     choose_run_dir,
     logging_to,
@@ -33,8 +28,6 @@ from compressor.utils.distributed import DistContext
 __all__ = ["run_export", "export_sample"]
 
 MAX_SAMPLE = 32  # test images the exported model is checked on
-INT8_BACKEND = "auto"  # the kernels a QDQ export is compared with
-LOG = logging.getLogger("compressor")
 
 
 def export_sample(setup: RunSetup, data: DataConfig, batch_size: int) -> torch.Tensor:
@@ -48,32 +41,12 @@ def export_sample(setup: RunSetup, data: DataConfig, batch_size: int) -> torch.T
     return torch.randn(8, *description.input_spec.input_size, generator=generator)
 
 
-def _export(model: nn.Module, destination: Path, sample: torch.Tensor,
-            run_dir: Path) -> dict[str, Any]:
-    """A float model as it is; a post-training quantized one as its QDQ graph, compared in
-    ONNX Runtime with the int8 kernels it converts to (the simulation where it cannot)."""
-    description = description_of(model)
-    if quantization_kind(description) != "post_train":
-        return export_onnx(model, destination, sample, run_dir)
-    form = qdq_form(model)
-    simulated = stored_form(model)
-    try:
-        check_convertible(simulated, INT8_BACKEND)
-        reference, compared = int8_model(simulated, INT8_BACKEND), "int8"
-    except QuantizationError as exc:
-        LOG.info("the QDQ export is compared with the simulation: %s", exc)
-        reference, compared = simulated, "simulation"
-    return export_onnx(form, destination, sample, run_dir, kind="qdq",
-                       compare_with=reference, compared=compared)
-
-
 def run_export(setup: RunSetup, ctx: DistContext, model: nn.Module, *, target: str,
                data: DataConfig, batch_size: int, output_dir: str, name: str | None,
                arguments: Mapping[str, Any], started: float) -> int:
     """Export `model` to `target` (a bare file name lands in the run directory); exit status."""
     require_onnx()  # without the extra, say so before any data is read
-    if quantization_kind(setup.description) == "post_train":
-        check_qdq_exportable(model)  # before any file is written
+    check_exportable(model)  # a quantized model a QDQ graph cannot hold: before any file
     sample = export_sample(setup, data, batch_size)
     run_dir = choose_run_dir(output_dir, name, setup.arch, None)
     if not ctx.is_main:
@@ -85,7 +58,7 @@ def run_export(setup: RunSetup, ctx: DistContext, model: nn.Module, *, target: s
     with logging_to(run_dir, True) as log:
         log.info("run directory %s", run_dir)
         write_args_yaml(run_dir, run_record(arguments, setup, ()))
-        facts = _export(model.cpu().eval(), destination, sample, run_dir)
+        facts = export_model(model.cpu().eval(), destination, sample, run_dir)
         results = {**model_facts(model, run_dir), "export": facts,
                    "time": time.perf_counter() - started}
         write_results_json(run_dir, results)

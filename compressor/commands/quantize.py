@@ -19,7 +19,13 @@ from typing import Any
 from torch import nn
 from torch.utils.data import Dataset
 
-from compressor.assembly.recipes import record_transform
+from compressor.api.quantize import (
+    convert_int8,
+    kernel_settings,
+    post_train,
+    quantization_graph,
+    settings_from_config,
+)
 from compressor.assembly.setup import RunSetup
 from compressor.assembly.state import assemble_checkpoint
 from compressor.models.description import (
@@ -28,14 +34,14 @@ from compressor.models.description import (
     description_of,
     unwrap_model,
 )
-from compressor.quantization.errors import MissingStatisticsError, QuantizationError
-from compressor.quantization.recipe import QUANTIZATION, int8_model, quantization_kind
+from compressor.quantization.core.errors import MissingStatisticsError, QuantizationError
+from compressor.quantization.recipe import QUANTIZATION, quantization_kind
 from compressor.training.checkpoint import save_checkpoint
 from compressor.utils.config import LoaderConfig, QuantizeConfig
 
-__all__ = ["QuantizedModel", "QUANTIZED_CHECKPOINT", "DEFAULT_CALIBRATION", "cli_settings",
-           "quantization_graph", "needs_calibration",
-           "config_file_settings", "calibrate", "prepare_quantized_model", "quantization_facts",
+__all__ = ["QuantizedModel", "QUANTIZED_CHECKPOINT", "DEFAULT_CALIBRATION",
+           "quantization_graph", "needs_calibration", "config_file_settings", "calibrate",
+           "prepare_quantized_model", "quantization_facts",
            "quantized_checkpoint_path", "run_quantization", "check_quantization"]
 
 LOG = logging.getLogger("compressor")
@@ -43,8 +49,6 @@ LOG = logging.getLogger("compressor")
 QUANTIZED_CHECKPOINT = "quantized_checkpoint.pth.tar"
 DEFAULT_CALIBRATION = 0.05  # Distiller's 5% when no statistics are given (of its test set)
 Calibration = Callable[[], Dataset]  # the calibration split, loaded when first needed
-_MODE_NAMES = {"sym": "SYMMETRIC", "sym_restr": "SYMMETRIC_RESTRICTED",
-               "asym_u": "ASYMMETRIC_UNSIGNED", "asym_s": "ASYMMETRIC_SIGNED"}
 
 
 @dataclass
@@ -54,27 +58,6 @@ class QuantizedModel:
     evaluated: nn.Module
     simulated: nn.Module | None  # None: the loaded checkpoint already was this model
     facts: dict[str, Any] = field(default_factory=dict)
-
-
-def _bits(value: int) -> int | None:
-    return value or None  # Distiller: 0 bits keep the tensor in float
-
-
-def cli_settings(config: QuantizeConfig) -> Any:
-    """QuantSettings from the --qe-* flags (with --qencl / --qenql as exact-name overrides)."""
-    from compressor.quantization.settings import settings_from_args, with_layer_overrides
-
-    args: dict[str, Any] = {
-        "bits_activations": _bits(config.bits_acts), "bits_weights": _bits(config.bits_wts),
-        "bits_accum": config.bits_accum,
-        "mode": {"activations": _MODE_NAMES[config.mode_acts],
-                 "weights": _MODE_NAMES[config.mode_wts]},
-        "clip_acts": config.clip_acts.upper(), "per_channel_wts": config.per_channel}
-    if config.clip_n_stds is not None:
-        args["clip_n_stds"] = config.clip_n_stds
-    settings = settings_from_args(args, "the --qe-* flags")
-    return with_layer_overrides(settings, no_quant=config.no_quant_layers,
-                                no_clip=config.no_clip_layers)
 
 
 def _resolve_stats_path(raw: Any, config_file: Path) -> Path:
@@ -95,7 +78,7 @@ def _resolve_stats_path(raw: Any, config_file: Path) -> Path:
 
 def config_file_settings(path: Path) -> tuple[Any, Path | None]:
     """(QuantSettings, stats path or None) of a --qe-config-file YAML's PostTrainLinearQuantizer."""
-    from compressor.quantization.settings import settings_from_args
+    from compressor.quantization.core.settings import settings_from_args
     from compressor.schedule.loader import read_schedule
 
     doc = read_schedule(path)
@@ -119,8 +102,8 @@ def calibrate(model: nn.Module, dataset: Dataset, fraction: float, batch_size: i
               seed: int, histograms: bool = True) -> tuple[dict[str, Any], float]:
     """Distiller's activation statistics on a seeded `fraction` of `dataset` (with histograms
     when asked); (stats, seconds)."""
-    from compressor.quantization.post_train import calibration_batches
-    from compressor.quantization.stats import collect_stats
+    from compressor.quantization.simulated.post_train import calibration_batches
+    from compressor.quantization.statistics.collect import collect_stats
 
     started = time.perf_counter()
     batches = calibration_batches(dataset, fraction, batch_size, seed)
@@ -138,7 +121,7 @@ def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Mo
                facts: dict[str, Any], histograms: bool) -> dict[str, Any] | None:
     """Statistics from the file given, else calibration (--qe-calibration, default 5%; with
     histograms when a layer clips by them)."""
-    from compressor.quantization.stats_file import load_stats
+    from compressor.quantization.statistics.stats_file import load_stats
 
     stats_file = config.stats_file or settings_stats
     if config.dynamic:
@@ -157,19 +140,6 @@ def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Mo
     return stats
 
 
-def _post_train(float_model: nn.Module, settings: Any, stats: dict[str, Any] | None,
-                dynamic: bool, share_concat: bool = True) -> nn.Module:
-    from compressor.quantization.post_train import PostTrainLinearQuantizer
-
-    description = description_of(float_model)
-    quantizer = PostTrainLinearQuantizer(settings, stats, dynamic=dynamic,
-                                         share_concat=share_concat)
-    quantized = quantizer.quantize(float_model)
-    return record_transform(describe(quantized, description), QUANTIZATION,
-                            {"kind": "post_train", "kernels": "simulated",
-                             **quantizer.recipe()})
-
-
 def _from_tracked(float_model: nn.Module, settings: Any, tracked: dict[str, Any],
                   facts: dict[str, Any]) -> nn.Module | None:
     """The model quantized with the ranges its quantization-aware training tracked, with no
@@ -177,29 +147,13 @@ def _from_tracked(float_model: nn.Module, settings: Any, tracked: dict[str, Any]
     attempt = describe(copy.deepcopy(float_model), description_of(float_model))
     try:
         # concatenations requantize their inputs, as quantization-aware training computed
-        simulated = _post_train(attempt, settings, tracked, dynamic=False, share_concat=False)
+        simulated = post_train(attempt, settings, tracked, dynamic=False, share_concat=False)
     except MissingStatisticsError as exc:
         LOG.info("the ranges quantization-aware training tracked are not all it needs (%s); "
                  "calibrating", str(exc).split(";")[0])
         return None
     facts["stats_source"] = "ranges tracked by quantization-aware training"
     return simulated
-
-
-def _convert(simulated: nn.Module, backend: str) -> nn.Module:
-    from compressor.quantization.int8 import check_convertible, resolve_backend
-
-    check_convertible(simulated, backend)
-    backend = resolve_backend(simulated, backend)
-    if backend == "onednn":
-        LOG.info("int8 kernels: oneDNN's (torch.ops.onednn) on plain uint8 tensors")
-    else:
-        LOG.info("int8 kernels: torch.ao.nn.quantized modules on the %s engine (torch 2.14 "
-                 "deprecates torch.ao's quantized tensors for torchao: README, Quantization)",
-                 backend)
-    recipe = dict(description_of(simulated).recipe(QUANTIZATION))
-    record_transform(simulated, QUANTIZATION, {**recipe, "kernels": "int8", "backend": backend})
-    return int8_model(simulated, backend)
 
 
 def quantization_facts(model: nn.Module) -> dict[str, Any]:
@@ -217,36 +171,6 @@ def quantization_facts(model: nn.Module) -> dict[str, Any]:
             "reduce_range": bool(settings.get("reduce_range", False))}
 
 
-def _for_kernels(settings: Any, config: QuantizeConfig) -> Any:
-    """The settings to quantize with: with reduce_range where int8 conversion is asked for and
-    this CPU's kernels need it, so the simulation computes what the kernels will."""
-    from compressor.quantization.int8 import kernels_saturate
-
-    if config.convert and not settings.reduce_range and kernels_saturate(config.backend):
-        LOG.info("this CPU's %s int8 kernels saturate 8-bit activations (no VNNI): "
-                 "activations use 7 bits (reduce_range)", config.backend)
-        return replace(settings, reduce_range=True)
-    return settings
-
-
-def quantization_graph(model: nn.Module, config: QuantizeConfig, source: str) -> nn.Module:
-    """The float model as the graph quantization follows (compressor.quantization.graph:
-    functional adds, multiplies and concatenations as named modules); where torch.fx cannot
-    trace it, the model itself (its modules are quantized, functional ops stay float) and int8
-    kernels, which need the graph, are refused."""
-    from compressor.quantization.graph import explicit_graph
-
-    try:
-        return explicit_graph(model)
-    except QuantizationError as exc:
-        if config.convert:
-            raise QuantizationError(f"{source}: {exc}; --qe-convert-pytorch needs it: drop it "
-                                    "to evaluate the model simulated") from None
-        LOG.warning("%s: %s; its modules are quantized, its functional ops stay float", source,
-                    exc)
-        return model
-
-
 def _kind_to_quantize(model: nn.Module, config: QuantizeConfig, source: str) -> str | None:
     """The model's quantization kind; a post-training quantized one is never quantized again."""
     kind = quantization_kind(description_of(model))
@@ -261,7 +185,7 @@ def _requested_settings(config: QuantizeConfig) -> tuple[Any, Path | None]:
     """(QuantSettings, stats path or None) of --qe-config-file, else of the --qe-* flags."""
     if config.config_file is not None:
         return config_file_settings(config.config_file)
-    return cli_settings(config), None
+    return settings_from_config(config), None
 
 
 def needs_calibration(model: nn.Module, config: QuantizeConfig) -> bool:
@@ -278,13 +202,13 @@ def needs_calibration(model: nn.Module, config: QuantizeConfig) -> bool:
 def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) -> None:
     """Refuse a bad quantization request before any file is written: settings, layer names,
     the statistics file, widths that int8 kernels cannot take, quantizing twice."""
-    from compressor.quantization.settings import resolve_layers
-    from compressor.quantization.stats_file import load_stats
+    from compressor.quantization.core.settings import resolve_layers
+    from compressor.quantization.statistics.stats_file import load_stats
 
     kind = _kind_to_quantize(model, config, source)
     recipe = description_of(model).recipe(QUANTIZATION) or {}
     if kind == "post_train" and config.convert and recipe.get("kernels") != "int8":
-        from compressor.quantization.int8 import check_convertible
+        from compressor.quantization.int8.convert import check_convertible
 
         try:  # widths, dynamic ranges, accumulators, kernels that saturate: before any file
             check_convertible(model, config.backend)
@@ -333,7 +257,7 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibratio
     facts: dict[str, Any] = {}
     if kind == "post_train":
         if recipe.get("kernels") == "int8":  # rebuilt with int8 kernels already: nothing to do
-            from compressor.quantization.int8 import Int8Model
+            from compressor.quantization.int8.convert import Int8Model
 
             facts = quantization_facts(model)
             if not isinstance(unwrap_model(model), Int8Model):  # kept simulated on this CPU
@@ -341,14 +265,14 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibratio
             return QuantizedModel(model, None, facts)
         simulated = model
     elif kind == "qat":
-        from compressor.quantization.qat import qat_to_float
-        from compressor.quantization.settings import QuantSettings
+        from compressor.quantization.core.settings import QuantSettings
+        from compressor.quantization.qat.quantizer import qat_to_float
 
         float_model, tracked = qat_to_float(model)
         describe(float_model, _without_quantization(description_of(model)))
         float_model = quantization_graph(float_model, config, source)
         trained = QuantSettings.from_recipe(recipe["settings"])
-        settings = _for_kernels(trained, config)
+        settings = kernel_settings(trained, config)
         if settings.reduce_range and not trained.reduce_range:
             LOG.warning("%s trained 8-bit activations, which this CPU's int8 kernels cannot "
                         "take: the int8 model uses 7 and may differ from the QAT evaluation; "
@@ -363,17 +287,17 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibratio
                 stats = {**(stats or {}), **tracked}
                 facts["stats_source"] = (f"ranges tracked by quantization-aware training "
                                          f"(other layers: {facts['stats_source']})")
-            simulated = _post_train(float_model, settings, stats, config.dynamic)
+            simulated = post_train(float_model, settings, stats, config.dynamic)
     else:
         settings, stats_path = _requested_settings(config)
-        settings = _for_kernels(settings, config)
+        settings = kernel_settings(settings, config)
         float_model = quantization_graph(copy.deepcopy(model), config, source)
         stats = _stats_for(config, stats_path, float_model, calibration, batch_size, seed,
                            facts, settings.clips_by_histogram())
-        simulated = _post_train(float_model, settings, stats, config.dynamic)
+        simulated = post_train(float_model, settings, stats, config.dynamic)
     evaluated = simulated
     if config.convert:
-        evaluated = _convert(simulated, config.backend)
+        evaluated = convert_int8(simulated, config.backend)
     facts.update(quantization_facts(simulated))
     return QuantizedModel(evaluated, simulated, facts)
 
@@ -386,7 +310,7 @@ def quantized_checkpoint_path(run_dir: Path) -> Path:
 def _calibrate_only(model: nn.Module, config: QuantizeConfig, calibration: Calibration,
                     batch_size: int, seed: int, run_dir: Path | None) -> dict[str, Any]:
     """--qe-calibration alone: Distiller's statistics file in the run directory, nothing else."""
-    from compressor.quantization.stats_file import STATS_FILE_NAME, save_stats
+    from compressor.quantization.statistics.stats_file import STATS_FILE_NAME, save_stats
 
     assert config.calibration is not None
     graph = quantization_graph(model, config, str(description_of(model).arch))  # reads only

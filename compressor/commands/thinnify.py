@@ -9,8 +9,10 @@ from typing import Any
 
 from torch import nn
 
+from compressor.api.thinning import thin
 from compressor.assembly.state import assemble_checkpoint
-from compressor.thinning.transform import thin
+from compressor.models.description import description_of
+from compressor.thinning.transform import THINNING
 from compressor.training.checkpoint import get_rng_state, save_run_checkpoint
 from compressor.utils.config import OptimizerConfig, make_optimizer
 
@@ -30,7 +32,7 @@ def thinnify(model: nn.Module, evaluate_fn: Callable[[nn.Module], dict[str, floa
     compression state is dropped: masks of the old shapes no longer apply.
     """
     before = sum(p.numel() for p in model.parameters())
-    recipe = thin(model)
+    recipe = description_of(thin(model)).recipe(THINNING)  # composed with any earlier one
     after = sum(p.numel() for p in model.parameters())
     removed = sum(len(e["out"]) for e in recipe["modules"].values()
                   if e["type"].startswith("Conv") or e["type"] == "Linear")

@@ -87,9 +87,9 @@ def _load_compression(config: TrainConfig, model: nn.Module,
                       optimizer: torch.optim.Optimizer, seed: int) -> Any:
     if config.compress is None:
         return None
-    from compressor.schedule import load_schedule
+    from compressor.api.schedule import compression_scheduler
 
-    return load_schedule(config.compress, model, optimizer, seed=seed)
+    return compression_scheduler(config.compress, model, optimizer, seed=seed)
 
 
 def _epoch_row(epoch: int, lr: float, train: Mapping[str, float], val: Mapping[str, float]
@@ -130,7 +130,7 @@ def _trainable_parameters(model: nn.Module) -> list[nn.Parameter]:
     left out, since the schedule adds them as their own group (as on the first run)."""
     if quantization_kind(description_of(model)) != "qat":
         return list(model.parameters())
-    from compressor.quantization.qat import quantizer_parameter_names
+    from compressor.quantization.qat.quantizer import quantizer_parameter_names
 
     own = quantizer_parameter_names(model)
     return [param for name, param in model.named_parameters() if name not in own]
@@ -252,7 +252,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
                                     reduce=reduce)
             val = evaluate(net, monitor, ctx.device, reduce=reduce, desc="validate")
             if compression is not None:
-                compression.on_epoch_end(epoch, val)
+                compression.on_epoch_end(epoch, metrics=val)
             state.history.append(_epoch_row(epoch, lr, train, val))
             reports.epoch_end(epoch, state.history[-1], model, compression)
             is_best = val["top1"] > state.best_top1

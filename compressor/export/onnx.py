@@ -217,7 +217,7 @@ def _agreement(ort_outputs: np.ndarray, compare_with: Callable[[Tensor], Tensor]
     return {"top1_agreement": same, "max_abs_diff": diff, "near_ties": near_ties}
 
 
-def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Path, *,
+def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Path | None, *,
                 kind: str = "float", compare_with: Callable[[Tensor], Tensor] | None = None,
                 compared: str = "") -> dict[str, Any]:
     """Export `model` to ONNX at `destination`, checked in ONNX Runtime; writes export.json.
@@ -226,7 +226,7 @@ def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Pa
         model: the classifier (any device; a CPU copy is exported, the model is not changed).
         destination: the .onnx file to write (replaced atomically when it exists).
         sample: a batch at the model's input spec; the check runs it through both runtimes.
-        run_dir: where export.json goes.
+        run_dir: where export.json goes (None: not written).
         kind: the export kind, which sets the tolerance: "float", or "qdq" for a quantized
             model written with quantize / dequantize ops (compressor.export.qdq).
         compare_with: another model ONNX Runtime's outputs on the sample are compared with
@@ -284,6 +284,7 @@ def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Pa
     if compare_with is not None:
         record[f"versus_{compared or 'reference'}"] = _agreement(ort_outputs, compare_with,
                                                                  sample)
-    atomic_write_text(run_dir / EXPORT_JSON, json.dumps(record, indent=2) + "\n")
+    if run_dir is not None:
+        atomic_write_text(run_dir / EXPORT_JSON, json.dumps(record, indent=2) + "\n")
     _LOG.debug("ONNX check of %s: max |diff| %.3g", arch, check["max_abs_diff"])
     return record

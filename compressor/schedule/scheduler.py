@@ -1,21 +1,56 @@
-"""CompressionScheduler: Distiller's training-loop callbacks over a list of policies."""
+"""CompressionScheduler: Distiller's training-loop callbacks over a list of policies.
+
+The callbacks keep Distiller's names, argument order and optional `optimizer` argument, so a
+training loop written for Distiller's scheduler runs unchanged; compressor's own epoch loop
+(compressor.training.loop) calls the same object.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from compressor.schedule.config import unwrap_model
-from compressor.schedule.policies import ExtensionPolicy, LRPolicy, Policy, PruningPolicy
+from compressor.schedule.policies import (
+    ExtensionPolicy,
+    LRPolicy,
+    Policy,
+    PruningPolicy,
+    RegularizationPolicy,
+)
 from compressor.utils.distributed import verify_identical
-from compressor.utils.errors import ScheduleError
+from compressor.utils.errors import ScheduleError, UsageError
 
-__all__ = ["CompressionScheduler", "STATE_VERSION"]
+__all__ = ["CompressionScheduler", "STATE_VERSION", "LossComponent", "PolicyLoss"]
 
 STATE_VERSION = 1
+# Distiller's metric names in on_epoch_end(metrics=...) (its ReduceLROnPlateau reads the one
+# named by its mode) -> ours
+_DISTILLER_METRICS = {"min": "loss", "max": "top1"}
+
+
+class LossComponent(NamedTuple):
+    """One policy's term of the loss (Distiller's LossComponent): a name and its value."""
+
+    name: str
+    value: Tensor
+
+
+class PolicyLoss(NamedTuple):
+    """The loss to backpropagate and its policies' terms (Distiller's PolicyLoss), returned by
+    before_backward_pass(..., return_loss_components=True)."""
+
+    overall_loss: Tensor
+    loss_components: list[LossComponent]
+
+
+def _component_name(policy: Policy) -> str:
+    """Distiller's name for a policy's loss term: its regularizer's class name + '_loss'."""
+    owner = policy.regularizer if isinstance(policy, RegularizationPolicy) else policy
+    return f"{type(owner).__name__}_loss"
 
 
 class CompressionScheduler:
@@ -93,8 +128,29 @@ class CompressionScheduler:
     def _active(self, epoch: int) -> list[Policy]:
         return [policy for policy in self.policies if epoch in policy.window.epochs]
 
-    def on_epoch_begin(self, epoch: int) -> None:
-        """Pruners set this epoch's masks (applied at once); then extensions (thinning) run."""
+    def _check_optimizer(self, optimizer: torch.optim.Optimizer | None, callback: str) -> None:
+        """Distiller's loops pass their optimizer to every callback: it must be the one the
+        schedule was built with (its LR schedulers and thinning act on that one)."""
+        if optimizer is None or optimizer is self.optimizer:
+            return
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            fix = ("pass metrics as a keyword (metrics=...)" if isinstance(optimizer, Mapping)
+                   else "pass the schedule's optimizer or nothing")
+            raise UsageError(f"{callback}: optimizer is a {type(optimizer).__name__}, not a "
+                             f"torch optimizer; {fix}")
+        raise UsageError(f"{callback}: this optimizer is not the one the schedule was built "
+                         "with; pass that one (or none), or build the schedule with this one")
+
+    def on_epoch_begin(self, epoch: int, optimizer: torch.optim.Optimizer | None = None, *,
+                       metrics: Mapping[str, float] | float | None = None) -> None:
+        """Pruners set this epoch's masks (applied at once); then extensions (thinning) run.
+
+        Args:
+            epoch: the epoch about to train (0-based).
+            optimizer: Distiller's optional argument: the schedule's own optimizer, or None.
+            metrics: accepted as Distiller's loops pass it; no policy here reads it.
+        """
+        self._check_optimizer(optimizer, "on_epoch_begin")
         active = self._active(epoch)
         for policy in active:
             if not isinstance(policy, ExtensionPolicy):
@@ -115,33 +171,67 @@ class CompressionScheduler:
         device = next(iter(self.params.values())).device if self.params else torch.device("cpu")
         verify_identical(current, "masks", device, f"at epoch {epoch}")
 
-    def on_minibatch_begin(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None:
-        """Before the forward pass."""
+    def on_minibatch_begin(self, epoch: int, minibatch_id: int, minibatches_per_epoch: int,
+                           optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Before the forward pass of minibatch `minibatch_id` of `minibatches_per_epoch`."""
+        self._check_optimizer(optimizer, "on_minibatch_begin")
         for policy in self._active(epoch):
-            policy.on_minibatch_begin(self, epoch, batch_idx, batches_per_epoch)
+            policy.on_minibatch_begin(self, epoch, minibatch_id, minibatches_per_epoch)
 
-    def before_backward_pass(self, epoch: int, batch_idx: int, batches_per_epoch: int,
-                             loss: Tensor) -> Tensor | None:
-        """The sum of the active regularizers' terms (None when there is none)."""
-        terms = [term for policy in self._active(epoch)
-                 if (term := policy.before_backward_pass(self)) is not None]
-        return torch.stack(terms).sum() if terms else None
+    def before_backward_pass(self, epoch: int, minibatch_id: int, minibatches_per_epoch: int,
+                             loss: Tensor, optimizer: torch.optim.Optimizer | None = None,
+                             return_loss_components: bool = False) -> Tensor | PolicyLoss:
+        """The loss to backpropagate: `loss` plus the active regularizers' terms (Distiller's).
 
-    def before_parameter_optimization(self, epoch: int, batch_idx: int,
-                                      batches_per_epoch: int) -> None:
+        Args:
+            epoch, minibatch_id, minibatches_per_epoch: where training is.
+            loss: the task loss of this minibatch.
+            optimizer: Distiller's optional argument: the schedule's own optimizer, or None.
+            return_loss_components: return a PolicyLoss (the overall loss and each term) instead.
+
+        Returns:
+            `loss` itself when no term is active, else `loss` + the terms' sum; with
+            `return_loss_components`, a PolicyLoss of that and the terms.
+        """
+        self._check_optimizer(optimizer, "before_backward_pass")
+        components = [LossComponent(_component_name(policy), term)
+                      for policy in self._active(epoch)
+                      if (term := policy.before_backward_pass(self)) is not None]
+        overall = loss
+        if components:
+            overall = loss + torch.stack([term for _, term in components]).sum()
+        return PolicyLoss(overall, components) if return_loss_components else overall
+
+    def before_parameter_optimization(self, epoch: int, minibatch_id: int,
+                                      minibatches_per_epoch: int,
+                                      optimizer: torch.optim.Optimizer | None = None) -> None:
         """After backward, before the optimizer step."""
+        self._check_optimizer(optimizer, "before_parameter_optimization")
         for policy in self._active(epoch):
             policy.before_parameter_optimization(self)
 
-    def on_minibatch_end(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None:
+    def on_minibatch_end(self, epoch: int, minibatch_id: int, minibatches_per_epoch: int,
+                         optimizer: torch.optim.Optimizer | None = None) -> None:
         """Re-apply the masks that the optimizer step (momentum, weight decay) disturbed."""
+        self._check_optimizer(optimizer, "on_minibatch_end")
         self.apply_masks()
         for policy in self._active(epoch):
-            policy.on_minibatch_end(self, epoch, batch_idx, batches_per_epoch)
+            policy.on_minibatch_end(self, epoch, minibatch_id, minibatches_per_epoch)
 
-    def on_epoch_end(self, epoch: int, metrics: Mapping[str, float] | None = None) -> None:
-        """Pruners sync their statistics over ranks (before the checkpoint); LR schedulers step
-        (ReduceLROnPlateau reads metrics['loss'] or ['top1'])."""
+    def on_epoch_end(self, epoch: int, optimizer: torch.optim.Optimizer | None = None, *,
+                     metrics: Mapping[str, float] | None = None) -> None:
+        """Pruners sync their statistics over ranks (before the checkpoint); LR schedulers step.
+
+        Args:
+            epoch: the epoch that just ended.
+            optimizer: Distiller's optional argument: the schedule's own optimizer, or None.
+            metrics: the epoch's validation metrics; ReduceLROnPlateau reads 'loss' (mode min)
+                or 'top1' (mode max), also under Distiller's names 'min' and 'max'.
+        """
+        self._check_optimizer(optimizer, "on_epoch_end")
+        if metrics is not None:
+            metrics = {**{ours: metrics[theirs] for theirs, ours in _DISTILLER_METRICS.items()
+                          if theirs in metrics}, **metrics}
         for pruner in self._pruners():
             pruner.sync()
         for policy in self._active(epoch):

@@ -24,35 +24,40 @@ Reduce = Callable[[Tensor], Tensor]
 
 
 class TrainHooks(Protocol):
-    """The minibatch callbacks of Distiller's CompressionScheduler, called by train_one_epoch."""
+    """The minibatch callbacks of Distiller's CompressionScheduler, called by train_one_epoch
+    (compressor.schedule.CompressionScheduler is one, with Distiller's signatures)."""
 
-    def on_minibatch_begin(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None: ...
+    def on_minibatch_begin(self, epoch: int, minibatch_id: int,
+                           minibatches_per_epoch: int) -> None: ...
 
-    def before_backward_pass(self, epoch: int, batch_idx: int, batches_per_epoch: int,
-                             loss: Tensor) -> Tensor | None: ...
+    def before_backward_pass(self, epoch: int, minibatch_id: int, minibatches_per_epoch: int,
+                             loss: Tensor) -> Tensor: ...
 
-    def before_parameter_optimization(self, epoch: int, batch_idx: int,
-                                      batches_per_epoch: int) -> None: ...
+    def before_parameter_optimization(self, epoch: int, minibatch_id: int,
+                                      minibatches_per_epoch: int) -> None: ...
 
-    def on_minibatch_end(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None: ...
+    def on_minibatch_end(self, epoch: int, minibatch_id: int,
+                         minibatches_per_epoch: int) -> None: ...
 
 
 class NoHooks:
     """Hooks that do nothing: plain training."""
 
-    def on_minibatch_begin(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None:
+    def on_minibatch_begin(self, epoch: int, minibatch_id: int,
+                           minibatches_per_epoch: int) -> None:
         """Nothing to do."""
 
-    def before_backward_pass(self, epoch: int, batch_idx: int, batches_per_epoch: int,
-                             loss: Tensor) -> Tensor | None:
-        """No extra loss term."""
-        return None
+    def before_backward_pass(self, epoch: int, minibatch_id: int, minibatches_per_epoch: int,
+                             loss: Tensor) -> Tensor:
+        """The loss itself: no extra term."""
+        return loss
 
-    def before_parameter_optimization(self, epoch: int, batch_idx: int,
-                                      batches_per_epoch: int) -> None:
+    def before_parameter_optimization(self, epoch: int, minibatch_id: int,
+                                      minibatches_per_epoch: int) -> None:
         """Nothing to do."""
 
-    def on_minibatch_end(self, epoch: int, batch_idx: int, batches_per_epoch: int) -> None:
+    def on_minibatch_end(self, epoch: int, minibatch_id: int,
+                         minibatches_per_epoch: int) -> None:
         """Nothing to do."""
 
 
@@ -123,8 +128,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
         hooks.on_minibatch_begin(epoch, batch_idx, batches)
         output = model(inputs)
         loss = loss_fn(output, target)
-        extra = hooks.before_backward_pass(epoch, batch_idx, batches, loss)
-        total = loss if extra is None else loss + extra
+        total = hooks.before_backward_pass(epoch, batch_idx, batches, loss)  # + regularizers
         optimizer.zero_grad(set_to_none=True)
         total.backward()
         hooks.before_parameter_optimization(epoch, batch_idx, batches)
