@@ -1,13 +1,21 @@
 """Activation memory and step time of the memory-efficient variants, side by side with plain.
 
     python benchmarks/memory.py [--device cpu|cuda] [--budget-gib 11] [--models ...]
+                                [--compile-budget 0.5 0.2]
 
 For each model, one table: saved-for-backward MiB of one training step (unique storages,
-parameters, buffers and the input excluded), MiB per sample, the largest batch that fits
-`--budget-gib` (CPU: from bytes per sample after weights, gradients and momentum; CUDA: by
-search under a memory cap), the step time (forward, backward, SGD step; the minimum over
-interleaved repeats, so that a busy machine disturbs every variant alike), and each as a
-ratio to the plain model measured in the same run. Never run by the tests.
+parameters, buffers and the input excluded: what forward leaves behind), the peak MiB during
+the step (forward and backward: recomputed activations living again, gradients of
+activations; CPU: from the allocator's records, parameter gradients apart; CUDA:
+max_memory_allocated above the start), the largest batch that fits `--budget-gib` (CPU: the
+peak per sample times the batch, after weights, gradients and momentum; CUDA: by search under
+a memory cap), the step time (forward, backward, SGD step; the minimum over interleaved
+repeats, so that a busy machine disturbs every variant alike), and each as a ratio to the
+plain model measured in the same run. Every model is warmed up by one step before it is
+measured. `--compile-budget B ...` adds rows for the plain model under torch.compile
+(inductor) with torch._functorch.config.activation_memory_budget = B, compiled during the
+warm-up (compile time is not in the step time); a model that fails to compile gets a row
+that says so. Never run by the tests.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from torch import Tensor, nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from compressor.memory import apply_memory_variant, measure_saved_bytes  # noqa: E402
+from compressor.memory.measure import MemoryReport  # noqa: E402
 from compressor.memory.variants import supported_variants  # noqa: E402
 from compressor.models import create_model, get_arch_spec  # noqa: E402
 from compressor.training.losses import aux_logits, main_logits  # noqa: E402
@@ -67,7 +76,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(steadier on a shared machine; use with --threads 1)")
     parser.add_argument("--no-torchvision-efficient", action="store_true",
                         help="skip the torchvision memory_efficient DenseNet comparison row")
-    return parser.parse_args(argv)
+    parser.add_argument("--compile-budget", type=float, nargs="*", default=[], metavar="B",
+                        help="add a torch.compile row of the plain model per activation memory "
+                             "budget B in [0, 1] (bare flag: 1.0, compile's default)")
+    parser.add_argument("--compile-backend", default="inductor",
+                        help="torch.compile backend of the compile rows")
+    args = parser.parse_args(argv)
+    if args.compile_budget == [] and "--compile-budget" in (argv or sys.argv[1:]):
+        args.compile_budget = [1.0]
+    if any(not 0.0 <= b <= 1.0 for b in args.compile_budget):
+        parser.error("--compile-budget: each budget is a fraction in [0, 1]")
+    if args.compile_budget:
+        try:
+            torch._dynamo.lookup_backend(args.compile_backend)
+        except Exception:  # dynamo's error for an unknown name lists the known ones
+            parser.error(f"--compile-backend: unknown backend {args.compile_backend!r}; "
+                         f"known: {', '.join(torch._dynamo.list_backends())}")
+    return args
 
 
 def training_loss(output: Any, target: Tensor) -> Tensor:
@@ -95,6 +120,27 @@ def build_variants(arch: str, with_torchvision: bool) -> dict[str, nn.Module]:
     return models
 
 
+def budget_backend(backend: str, budget: float) -> Callable[..., Any]:
+    """torch.compile backend `backend` with the partitioner's activation memory budget set.
+
+    The budget is read when the graph is partitioned (what forward saves, what backward
+    recomputes), i.e. inside the backend. A backend object of its own per budget also keeps
+    dynamo from reusing one budget's compiled code for another model of the same class.
+    """
+    inner = torch._dynamo.lookup_backend(backend)
+
+    def compile_with_budget(graph: torch.fx.GraphModule, example_inputs: list[Tensor]) -> Any:
+        with torch._functorch.config.patch(activation_memory_budget=budget):
+            return inner(graph, example_inputs)
+
+    return compile_with_budget
+
+
+def compile_label(budget: float) -> str:
+    """Row name of a compile row."""
+    return f"compile (budget {budget:g})"
+
+
 def make_step(model: nn.Module, x: Tensor, target: Tensor) -> Callable[[], None]:
     """One SGD training step of `model` on (x, target)."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
@@ -105,6 +151,18 @@ def make_step(model: nn.Module, x: Tensor, target: Tensor) -> Callable[[], None]
         optimizer.step()
 
     return step
+
+
+def failure_text(error: BaseException) -> str:
+    """One line for a table cell: the root cause's type and the first line of its message."""
+    while True:  # dynamo wraps the compiler's own error (BackendCompilerFailed ...)
+        cause = getattr(error, "inner_exception", None) or error.__cause__
+        if cause is None:
+            break
+        error = cause
+    lines = str(error).strip().splitlines()
+    text = f"failed: {type(error).__name__}: {lines[0] if lines else ''}".strip()
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 def timed(step: Callable[[], None], device: torch.device, clock: str) -> float:
@@ -152,8 +210,16 @@ def largest_cuda_batch(model: nn.Module, shape: tuple[int, ...], classes: int,
     return low
 
 
+def measure(model: nn.Module, x: Tensor, target: Tensor) -> MemoryReport:
+    """Saved bytes and peak of one step from no gradients, as after zero_grad(set_to_none)."""
+    model.zero_grad(set_to_none=True)
+    report = measure_saved_bytes(model, x, loss_fn=lambda out: training_loss(out, target))
+    model.zero_grad(set_to_none=True)
+    return report
+
+
 def bench_model(arch: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
-    """Measure every variant of `arch`; returns one row per variant."""
+    """Measure every variant of `arch` (and the compile rows); returns one row per variant."""
     spec = get_arch_spec(arch)
     shape = spec.input_spec(spec.default_dataset).input_size
     classes = spec.num_classes(spec.default_dataset)
@@ -161,30 +227,58 @@ def bench_model(arch: str, args: argparse.Namespace, device: torch.device) -> li
     torch.manual_seed(0)
     models = {name: m.to(device).train() for name, m in
               build_variants(arch, not args.no_torchvision_efficient).items()}
+    for budget in args.compile_budget:
+        models[compile_label(budget)] = torch.compile(
+            copy.deepcopy(models["plain"]), backend=budget_backend(args.compile_backend, budget))
     x = torch.randn(batch, *shape, device=device)
     target = torch.randint(0, classes, (batch,), device=device)
-    rows = []
-    for name, model in models.items():
-        report = measure_saved_bytes(model, x, loss_fn=lambda out: training_loss(out, target))
-        model.zero_grad(set_to_none=True)
-        rows.append({"variant": name, "saved": report.saved_bytes,
-                     "per_sample": report.bytes_per_sample, "peak": report.peak_bytes,
-                     "static": static_bytes(model)})
     steps = {name: make_step(model, x, target) for name, model in models.items()}
-    times: dict[str, list[float]] = {name: [] for name in models}
+    rows, failed = [], {}
+    for name, model in models.items():
+        try:
+            # Warm-up: one step (torch.compile compiles here), then one measured step untimed
+            # under the hooks (a recompile they might cause happens here, not in the peak).
+            started = time.perf_counter()
+            steps[name]()
+            if name.startswith("compile"):
+                measure(model, x, target)
+            warmup = time.perf_counter() - started
+            report = measure(model, x, target)
+        except Exception as error:  # a model that fails to compile is a row that says so
+            failed[name] = failure_text(error)
+            rows.append({"variant": name, "failed": failed[name]})
+            continue
+        saved = report.saved_bytes if report.saved_tensors else None
+        rows.append({"variant": name, "saved": saved, "peak": report.peak_bytes,
+                     "static": static_bytes(model), "warmup": warmup})
+    times: dict[str, list[float]] = {name: [] for name in models if name not in failed}
     for _ in range(args.repeats):
-        for name, step in steps.items():  # interleaved: load changes hit all variants
-            times[name].append(timed(step, device, args.clock))
+        for name in times:  # interleaved: load changes hit all variants
+            times[name].append(timed(steps[name], device, args.clock))
     budget = int(args.budget_gib * 2 ** 30)
     for row in rows:
+        if "failed" in row:
+            continue
         row["time"] = min(times[row["variant"]])
+        model = models[row["variant"]]
         if device.type == "cuda":
-            model = models[row["variant"]]
-            guess = max(1, int((budget - row["static"]) / max(row["per_sample"], 1)))
+            per_sample = (row["saved"] or row["peak"]) / batch
+            guess = max(1, int((budget - row["static"]) / max(per_sample, 1)))
             row["max_batch"] = largest_cuda_batch(model, shape, classes, guess)
         else:
-            row["max_batch"] = max(0, int((budget - row["static"]) // row["per_sample"]))
+            per_sample = row["peak"] / batch if row["peak"] else float("inf")
+            row["max_batch"] = max(0, int((budget - row["static"]) // per_sample))
     return rows
+
+
+def _ratio(value: float | None, base: float | None, digits: int) -> str:
+    if value is None or not base:
+        return "-"
+    return f"{value / base:.{digits}f}"
+
+
+def _mib(value: float | None) -> str:
+    return "-" if value is None else f"{value / MIB:.1f}"
 
 
 def print_table(arch: str, rows: list[dict], batch: int, device: torch.device) -> None:
@@ -192,27 +286,32 @@ def print_table(arch: str, rows: list[dict], batch: int, device: torch.device) -
     base = rows[0]
     table = []
     for row in rows:
-        line = [row["variant"], f"{row['saved'] / MIB:.1f}", f"{row['saved'] / base['saved']:.3f}",
-                f"{row['per_sample'] / MIB:.2f}", row["max_batch"],
-                f"{row['max_batch'] / max(base['max_batch'], 1):.2f}",
-                f"{row['time'] * 1000:.0f}", f"{row['time'] / base['time']:.2f}"]
-        if device.type == "cuda":
-            line += [f"{row['peak'] / MIB:.1f}", f"{row['peak'] / base['peak']:.3f}"]
-        table.append(line)
-    headers = ["variant", "saved MiB", "x plain", "MiB/sample", "max batch", "x plain",
-               "step ms", "x plain"]
-    if device.type == "cuda":
-        headers += ["peak MiB", "x plain"]
+        if "failed" in row:
+            table.append([row["variant"], row["failed"]] + [""] * 8)
+            continue
+        peak_per_saved = _ratio(row["peak"], row["saved"], 2)
+        table.append([
+            row["variant"], _mib(row["saved"]), _ratio(row["saved"], base.get("saved"), 3),
+            _mib(row["peak"]), _ratio(row["peak"], base.get("peak"), 3), peak_per_saved,
+            row["max_batch"], _ratio(row["max_batch"], base.get("max_batch"), 2),
+            f"{row['time'] * 1000:.0f}", _ratio(row["time"], base.get("time"), 2)])
+    headers = ["variant", "saved MiB", "x plain", "peak MiB", "x plain", "peak/saved",
+               "max batch", "x plain", "step ms", "x plain"]
     print(f"\n{arch} (batch {batch}, {device.type})")
     print(tabulate(table, headers=headers, disable_numparse=True))
+    compiled = [f"{row['variant']} {row['warmup']:.0f} s" for row in rows
+                if row["variant"].startswith("compile") and "warmup" in row]
+    if compiled:
+        print("warm-up, compile included (torch.compile's on-disk caches may hold work of "
+              "earlier runs): " + ", ".join(compiled))
 
 
 def check_targets(results: dict[str, list[dict]]) -> list[str]:
     """One line per target of the issue: the measured ratio and whether it meets the limit."""
     lines = []
     for arch, variant, metric, limit in TARGETS:
-        rows = {row["variant"]: row for row in results.get(arch, [])}
-        if variant not in rows:
+        rows = {row["variant"]: row for row in results.get(arch, []) if "failed" not in row}
+        if variant not in rows or "plain" not in rows:
             continue
         row, base = rows[variant], rows["plain"]
         if metric == "batch":
@@ -221,6 +320,8 @@ def check_targets(results: dict[str, list[dict]]) -> list[str]:
             text = f">= {limit:.2f}"
         else:
             key = "saved" if metric == "saved" else "time"
+            if row[key] is None or not base[key]:
+                continue
             value = row[key] / base[key]
             ok = value <= limit
             text = f"<= {limit:.2f}"
@@ -241,6 +342,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, "
           f"{torch.get_num_threads()} threads, device {device}, budget {args.budget_gib} GiB, "
           f"{args.clock} clock, min of {args.repeats} interleaved steps")
+    print("saved: bytes kept for backward when forward ends; peak: most bytes live during the "
+          "step above its start (" + ("max_memory_allocated" if device.type == "cuda" else
+          "allocator records, parameter gradients apart") + "); max batch: " +
+          ("searched under the budget" if device.type == "cuda" else
+           "peak per sample, after weights, gradients and momentum") + "; '-': not measurable")
+    if args.compile_budget:
+        print(f"compile rows: the plain model under torch.compile(backend={args.compile_backend!r})"
+              " with torch._functorch.config.activation_memory_budget = B")
     print("command: python " + " ".join(sys.argv))
     results = {}
     started = time.perf_counter()

@@ -18,7 +18,7 @@ def test_linear_relu_linear_saves_only_the_relu_output() -> None:
     assert report.saved_bytes == 5 * 16 * FLOAT
     assert report.saved_tensors == 1
     assert report.bytes_per_sample == 16 * FLOAT
-    assert report.peak_bytes is None
+    assert report.peak_bytes is not None and report.peak_bytes >= report.saved_bytes
 
 
 class TwoViews(nn.Module):

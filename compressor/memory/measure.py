@@ -1,25 +1,32 @@
-"""Activation memory of one training step: the unique bytes that autograd saves for backward."""
+"""Activation memory of one training step: the bytes saved for backward, and the step's peak."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from compressor.memory.peak import AllocationTrace, profiler_busy, record_allocations
+
 __all__ = ["MemoryReport", "measure_saved_bytes", "default_loss"]
 
 
 @dataclass(frozen=True)
 class MemoryReport:
-    """Saved-for-backward bytes of one step (and, on CUDA, the allocator's peak)."""
+    """Saved-for-backward bytes of one step, and the peak of live bytes during it."""
 
     saved_bytes: int  # unique storages saved for backward: params, buffers and inputs excluded
     saved_tensors: int  # number of distinct storages counted
     batch_size: int
-    peak_bytes: int | None = None  # CUDA: max_memory_allocated during the step, minus the start
+    # Peak over forward and backward above the start. CPU: from the allocator's records,
+    # the gradients left in the parameters' (and inputs') .grad apart. CUDA:
+    # max_memory_allocated minus the start, those gradients included. None when another
+    # profiler was running (CPU).
+    peak_bytes: int | None = None
 
     @property
     def bytes_per_sample(self) -> float:
@@ -55,6 +62,16 @@ def _keys(tensors: Iterable[Tensor]) -> set[tuple[str, int]]:
     return keys
 
 
+@contextmanager
+def _cuda_peak(found: list[int]) -> Iterator[None]:
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    start = torch.cuda.memory_allocated()
+    yield
+    torch.cuda.synchronize()
+    found.append(torch.cuda.max_memory_allocated() - start)
+
+
 def measure_saved_bytes(model: nn.Module, *inputs: Tensor,
                         loss_fn: Callable[[Any], Tensor] | None = None,
                         backward: bool = True) -> MemoryReport:
@@ -64,9 +81,11 @@ def measure_saved_bytes(model: nn.Module, *inputs: Tensor,
     are deduplicated by storage (a view costs its whole storage, two views of one storage
     count once); parameters, buffers and the inputs are not activations and are excluded.
     Tensors that activation checkpointing keeps as its inputs are counted (they go through
-    the same hooks); tensors it recomputes are not. On CUDA, peak_bytes is the allocator
-    peak over the step above the memory allocated at its start. Gradients accumulate into
-    the parameters' .grad and training-mode batch norms update their statistics, as in a step.
+    the same hooks); tensors it recomputes are not. That is what forward leaves behind, not
+    the step's high-water mark: peak_bytes is that (see MemoryReport and
+    compressor.memory.peak), and it shows recomputed activations living again in backward and
+    the gradients of activations. Gradients accumulate into the parameters' .grad and
+    training-mode batch norms update their statistics, as in a step.
     """
     loss_fn = loss_fn or default_loss
     excluded = _keys(list(model.parameters()) + list(model.buffers()) + list(inputs))
@@ -78,20 +97,23 @@ def measure_saved_bytes(model: nn.Module, *inputs: Tensor,
             seen[key[:2]] = max(seen.get(key[:2], 0), key[2])
         return tensor
 
-    cuda = any(t.is_cuda for t in inputs)
-    start = 0
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        start = torch.cuda.memory_allocated()
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss = loss_fn(model(*inputs))
-    if backward:
-        loss.backward()
-    del loss
-    peak = None
-    if cuda:
-        torch.cuda.synchronize()
-        peak = torch.cuda.max_memory_allocated() - start
+    cuda_peak: list[int] = []
+    cpu = not any(t.is_cuda for t in inputs)
+    if not cpu:
+        watch = _cuda_peak(cuda_peak)
+    elif profiler_busy():
+        watch = nullcontext()
+    else:
+        watch = record_allocations("cpu")
+    with watch as trace:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            loss = loss_fn(model(*inputs))
+        if backward:
+            loss.backward()
+        del loss
+    peak = cuda_peak[0] if cuda_peak else None
+    if isinstance(trace, AllocationTrace):
+        leaves = list(model.parameters()) + list(inputs)
+        peak = trace.peak_bytes(exclude=[t.grad for t in leaves if t.grad is not None])
     batch = int(inputs[0].shape[0]) if inputs and inputs[0].dim() else 1
     return MemoryReport(sum(seen.values()), len(seen), batch, peak)
