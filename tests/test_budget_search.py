@@ -15,7 +15,7 @@ import yaml
 from torch import nn
 
 from compressor.budget import Budget, BudgetSearch, figures, prunable_groups
-from compressor.budget.groups import batchnorms_of, group_masked, leader_ranking
+from compressor.budget.groups import ChannelGroup, batchnorms_of, group_masked, leader_ranking
 from compressor.budget.schedule import (
     budget_schedule,
     exact_fraction,
@@ -192,6 +192,17 @@ def test_the_schedule_prunes_the_chosen_counts_progressively_then_thins(tmp_path
         assert layer.out_channels == group.channels - removed, group.layer  # thinned
     assert yaml.safe_load(path.read_text())["extensions"]["budget_thinning"]["class"] == \
         "FilterRemover"
+
+
+def test_a_one_step_schedule_never_starts_above_its_final_sparsity() -> None:
+    """With one pruning epoch, fraction / 1 rounded to 6 digits may round up: 21 of 23
+    filters is 0.9130435, which rounded to 0.913044 and the written schedule was refused."""
+    assert exact_fraction(21, 23) == 0.9130435
+    group = ChannelGroup(weights=("conv.weight",), channels=23)
+    for epochs in (1, 2, 6):
+        doc = budget_schedule([group], [21], epochs)
+        pruner = next(iter(doc["pruners"].values()))
+        assert pruner["initial_sparsity"] <= pruner["final_sparsity"] == 0.9130435
 
 
 def test_a_latency_budget_prices_channels_by_the_time_they_save() -> None:

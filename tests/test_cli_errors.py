@@ -34,6 +34,14 @@ def test_bad_flag_is_one_line(tmp_path: Path) -> None:
     assert_user_error(run_cli("-a", "simplenet_digits", "--epochs", "x"), "--epochs")
 
 
+def test_an_input_size_the_arch_cannot_take_is_one_line(tmp_path: Path) -> None:
+    result = run_cli("-a", "simplenet_mnist", "--dataset", "synthetic", "--input-size",
+                     "3,64,64", "--epochs", "1", "-o", str(tmp_path), "-n", "refused")
+    assert_user_error(result, "simplenet_mnist cannot take a 3x64x64 input",
+                      "--input-size 1,28,28")
+    assert not (tmp_path / "refused").exists()
+
+
 def test_missing_dataset_dir(tmp_path: Path) -> None:
     missing = tmp_path / "nowhere"
     result = run_cli(str(missing), "-a", "resnet20_cifar", "--epochs", "1", "-o", str(tmp_path))

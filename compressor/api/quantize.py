@@ -117,7 +117,7 @@ def convert_int8(simulated: nn.Module, backend: str) -> nn.Module:
         LOG.info("int8 kernels: oneDNN's (torch.ops.onednn) on plain uint8 tensors")
     else:
         LOG.info("int8 kernels: torch.ao.nn.quantized modules on the %s engine (torch 2.14 "
-                 "deprecates torch.ao's quantized tensors for torchao: README, Quantization)",
+                 "deprecates torch.ao's quantized tensors for torchao: docs/quantization.md)",
                  backend)
     recipe = dict(description_of(simulated).recipe(QUANTIZATION))
     record_transform(simulated, QUANTIZATION, {**recipe, "kernels": "int8", "backend": backend})

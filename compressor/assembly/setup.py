@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from compressor.assembly.builder import build_model
@@ -194,10 +195,39 @@ def resolve_model(request: ModelRequest) -> ResolvedModel:
                          source, request.pretrained_file)
 
 
+def _check_takes_input(model: nn.Module, resolved: ResolvedModel) -> None:
+    """A registered arch at another --input-size than its own: one eval forward of a 1xCxHxW
+    zeros batch (no state changes), so that a size its layers cannot take is one line."""
+    description = resolved.description
+    size = description.input_spec.input_size
+    if is_code_reference(description.arch):  # the user's code is checked at its build
+        return
+    try:
+        own = resolved.arch_spec.input_spec(description.dataset).input_size
+    except ValueError:
+        return
+    if tuple(size) == tuple(own):
+        return
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            device = next(model.parameters(), torch.empty(0)).device
+            model.eval()(torch.zeros(1, *size, device=device))
+    except (RuntimeError, ValueError) as exc:
+        detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        shown = "x".join(str(d) for d in size)
+        raise UsageError(f"{description.arch} cannot take a {shown} input ({detail}); pass its "
+                         f"own --input-size {','.join(str(d) for d in own)}, or another") from None
+    finally:
+        model.train(was_training)
+
+
 def build_resolved_model(resolved: ResolvedModel) -> nn.Module:
     """Build the model; load the checkpoint's, the pretrained or the --exp-load-weights weights."""
     model = build_model(resolved.description, pretrained=resolved.pretrained,
                         source=resolved.pretrained_source, weights_file=resolved.pretrained_file)
+    if resolved.checkpoint is None:
+        _check_takes_input(model, resolved)
     if resolved.checkpoint is not None:
         load_weights(model, resolved.checkpoint["state_dict"], str(resolved.checkpoint_path))
         return finish_loaded_model(model)

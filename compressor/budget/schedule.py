@@ -38,7 +38,7 @@ def exact_fraction(removed: int, total: int) -> float:
 def _pruner(group: ChannelGroup, fraction: float, steps: int) -> dict[str, Any]:
     entry: dict[str, Any] = {
         "class": "L1RankedStructureParameterPruner_AGP",
-        "initial_sparsity": round(fraction / steps, 6),
+        "initial_sparsity": min(fraction, round(fraction / steps, 6)),  # 6 digits may round up
         "final_sparsity": fraction,
         "group_type": "Filters",
         "weights": list(group.weights),
