@@ -1,5 +1,5 @@
 """The budget benchmark's results: what one arm's run leaves, the per-budget summary over
-seeds, its tables, and the issue's targets checked (benchmarks/budget_fashion_mnist.py runs it)."""
+seeds, its tables, and the targets checked (benchmarks/budget_fashion_mnist.py runs it)."""
 
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ def budget_table(budget: str, arms: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def check_targets(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """The issue's targets, each with whether it holds (None where its runs are missing)."""
+    """The targets, each with whether it holds (None where its runs are missing)."""
     ours = [row for arms in summary.values() for arm in ("ours", "ours-nokd")
             for row in arms.get(arm, {}).get("seeds", [])]
     targets = [{"target": "budget met in 100% of our runs (side-by-side figures)",
@@ -148,8 +148,8 @@ def check_targets(summary: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> lis
 
 
 def targets_table(targets: Sequence[Mapping[str, Any]]) -> str:
-    """The issue's targets: value and whether each is met ("-" where not run)."""
+    """The targets: value and whether each is met ("-" where not run)."""
     rows = [[t["target"], t["value"], "-" if t["met"] is None else "yes" if t["met"] else "NO"]
             for t in targets]
-    return tabulate(rows, headers=["issue target", "value", "met"], tablefmt="github",
+    return tabulate(rows, headers=["target", "value", "met"], tablefmt="github",
                     disable_numparse=True)

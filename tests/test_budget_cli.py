@@ -41,7 +41,7 @@ def dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def budget_run(dense: Path) -> Path:
-    """The budget run of the issue's first command, on the digits."""
+    """The budget run of docs/compress-to-budget.md's first command, on the digits."""
     result = run_cli("--resume-from", str(dense), *BUDGET, "-o", str(dense.parent.parent),
                      "-n", "budget")
     assert result.returncode == 0, result.stderr[-3000:]
