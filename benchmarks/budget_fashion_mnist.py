@@ -52,8 +52,9 @@ Its per-image times (dense training 5.4 ms, pruned 2.6-3.3 ms, 5.1 ms distilled;
 seeds x (6 dense epochs + 3 budgets x 4 arms x 3 fine-tune epochs) on 15% of the training set,
 then 39 test-split evaluations) at about 1.8 hours on 2 idle CPU cores of that machine; on a
 2-core AMD EPYC (2026-12-02) they took 32 minutes with 15% of the training set; the defaults
-now use a quarter of it (--etrs 0.25, the sizing the targets were set at: every arm's fine-tune sees more
-images, and a search's fixed cost weighs less against it), about 1.7x as long.
+now use a quarter of it (--etrs 0.25, the sizing the targets were set at: every arm's
+fine-tune sees more images, and a search's fixed cost weighs less against it), about 1.7x as
+long.
 
 Data: `apt-get install -y dataset-fashion-mnist` puts the four IDX .gz files in
 /usr/share/datasets/fashion-mnist/. Finished runs are reused when the script is run again with

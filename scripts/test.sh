@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_venv.sh
-.venv/bin/ruff check compressor tests benchmarks compress_classifier.py setup.py
+.venv/bin/ruff check compressor tests benchmarks examples compress_classifier.py setup.py
 # the layers of pyproject.toml: an import that points up fails here, naming the import
 .venv/bin/lint-imports --no-cache
 # Memory for the tests' many large short-lived tensors: torch's CPU allocator asks for huge pages

@@ -183,7 +183,8 @@ def _build_instance(source: str, section: str, name: str, entry: Any,
     owner = section_of(class_name)
     if owner is None:
         close = difflib.get_close_matches(class_name[:200], list(SCHEDULE_CLASSES), n=1)
-        hint = f"did you mean '{close[0]}'?" if close else "see docs/schedules.md, Distiller schedule support"
+        hint = (f"did you mean '{close[0]}'?" if close
+                else "see docs/schedules.md, Distiller schedule support")
         reader.fail(f"unknown class {shown(class_name)}", f"fix the class name ({hint})")
     if owner != section:
         reader.fail(f"class '{class_name}' belongs under '{owner}', not '{section}'",
