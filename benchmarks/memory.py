@@ -1,7 +1,7 @@
 """Activation memory and step time of the memory-efficient variants, side by side with plain.
 
     python benchmarks/memory.py [--device cpu|cuda] [--budget-gib 11] [--models ...]
-                                [--compile-budget 0.5 0.2]
+                                [--compile-budget 0.5 0.2] [--auto-budget-fraction 0.5]
 
 For each model, one table: saved-for-backward MiB of one training step (unique storages,
 parameters, buffers and the input excluded: what forward leaves behind), the peak MiB during
@@ -15,7 +15,11 @@ plain model measured in the same run. Every model is warmed up by one step befor
 measured. `--compile-budget B ...` adds rows for the plain model under torch.compile
 (inductor) with torch._functorch.config.activation_memory_budget = B, compiled during the
 warm-up (compile time is not in the step time); a model that fails to compile gets a row
-that says so. Never run by the tests.
+that says so. `--auto-budget-fraction F` runs `--memory-efficient auto`'s choice per model
+at F x the plain model's peak (as auto measures it) and prints the chosen setting, its peak and
+step time next to the fastest hand-chosen variant whose peak fits (target: within 1.1x of its
+step time; times from the table's interleaved repeats, a combination timed alike after them).
+Never run by the tests.
 """
 
 from __future__ import annotations
@@ -36,11 +40,18 @@ from torch import Tensor, nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from compressor.memory import apply_memory_variant, measure_saved_bytes  # noqa: E402
+from compressor.memory import (  # noqa: E402
+    MEMORY_VARIANTS,
+    apply_memory_variant,
+    choose_memory_variant,
+    measure_candidates,
+    measure_saved_bytes,
+)
 from compressor.memory.measure import MemoryReport  # noqa: E402
 from compressor.memory.variants import supported_variants  # noqa: E402
 from compressor.models import create_model, get_arch_spec  # noqa: E402
 from compressor.training.losses import aux_logits, main_logits  # noqa: E402
+from compressor.utils.errors import UsageError  # noqa: E402
 
 MIB = 2 ** 20
 DEFAULT_MODELS = ("densenet_bc_100_cifar", "resnet56_cifar", "vgg16_bn_cifar", "resnet50",
@@ -57,6 +68,7 @@ TARGETS = (
     ("resnet56_cifar", "recompute", "saved", 0.50),
     ("resnet56_cifar", "recompute", "time", 1.35),
 )
+AUTO_TARGET = 1.10  # auto's step time over the fastest hand-chosen variant that fits
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -81,9 +93,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "budget B in [0, 1] (bare flag: 1.0, compile's default)")
     parser.add_argument("--compile-backend", default="inductor",
                         help="torch.compile backend of the compile rows")
+    parser.add_argument("--auto-budget-fraction", type=float, default=None, metavar="F",
+                        help="also run --memory-efficient auto at F x the plain peak per model "
+                             "and compare its choice with the fastest hand-chosen variant that "
+                             "fits")
     args = parser.parse_args(argv)
     if args.compile_budget == [] and "--compile-budget" in (argv or sys.argv[1:]):
         args.compile_budget = [1.0]
+    if args.auto_budget_fraction is not None and not args.auto_budget_fraction > 0:
+        parser.error("--auto-budget-fraction: a fraction > 0 of the plain peak")
     if any(not 0.0 <= b <= 1.0 for b in args.compile_budget):
         parser.error("--compile-budget: each budget is a fraction in [0, 1]")
     if args.compile_budget:
@@ -306,6 +324,61 @@ def print_table(arch: str, rows: list[dict], batch: int, device: torch.device) -
               "earlier runs): " + ", ".join(compiled))
 
 
+def _batch(arch: str, args: argparse.Namespace) -> int:
+    shape = get_arch_spec(arch).input_spec(get_arch_spec(arch).default_dataset).input_size
+    return args.batch_size if shape[-1] <= 64 else args.imagenet_batch_size
+
+
+def time_variants(arch: str, variants: tuple[str, ...], args: argparse.Namespace,
+                  device: torch.device) -> float:
+    """Step time of `arch` turned into `variants` (in order), as the table times its rows."""
+    spec = get_arch_spec(arch)
+    shape = spec.input_spec(spec.default_dataset).input_size
+    batch = _batch(arch, args)
+    torch.manual_seed(0)
+    model = create_model(arch, spec.default_dataset)
+    for variant in variants:
+        model = apply_memory_variant(model, spec, variant)
+    model = model.to(device).train()
+    x = torch.randn(batch, *shape, device=device)
+    target = torch.randint(0, spec.num_classes(spec.default_dataset), (batch,), device=device)
+    step = make_step(model, x, target)
+    step()
+    return min(timed(step, device, args.clock) for _ in range(args.repeats))
+
+
+def auto_line(arch: str, rows: list[dict], args: argparse.Namespace,
+              device: torch.device) -> tuple[str, bool | None]:
+    """--memory-efficient auto at the budget fraction, beside the fastest hand-chosen variant
+    that fits; returns the line and whether it meets AUTO_TARGET (None: not comparable)."""
+    spec = get_arch_spec(arch)
+    torch.manual_seed(0)
+    model = create_model(arch, spec.default_dataset).to(device)
+    measured = measure_candidates(model, spec, _batch(arch, args))
+    peaks = {m.label: m.peak_bytes for m in measured}
+    budget = int(args.auto_budget_fraction * (peaks["plain"] or 0))
+    head = f"auto at {args.auto_budget_fraction:g} x plain peak ({_mib(budget)} MiB)"
+    try:
+        chosen = choose_memory_variant(measured, budget, arch=arch,
+                                       batch_size=_batch(arch, args)).chosen
+    except UsageError as error:
+        return f"{head}: nothing fits ({error})", None
+    times = {row["variant"]: row["time"] for row in rows if "time" in row}
+    if chosen.label not in times:  # a combination: no row of the table
+        times[chosen.label] = time_variants(arch, chosen.variants, args, device)
+    hand = [(times[name], name) for name in ("plain", *MEMORY_VARIANTS)
+            if name in times and peaks.get(name) is not None and peaks[name] <= budget]
+    line = (f"{head}: {chosen.label}, peak {_mib(chosen.peak_bytes)} MiB, step "
+            f"{times[chosen.label] * 1000:.0f} ms")
+    if not hand:
+        return f"{line}; no hand-chosen variant fits", None
+    best_time, best = min(hand)
+    ratio = times[chosen.label] / best_time
+    return (f"{line}; fastest hand-chosen that fits: {best}, peak {_mib(peaks[best])} MiB, step "
+            f"{best_time * 1000:.0f} ms; ratio {ratio:.2f} (target <= {AUTO_TARGET:.2f})",
+            ratio <= AUTO_TARGET)
+
+
 def check_targets(results: dict[str, list[dict]]) -> list[str]:
     """One line per target of the issue: the measured ratio and whether it meets the limit."""
     lines = []
@@ -352,14 +425,18 @@ def main(argv: list[str] | None = None) -> int:
               " with torch._functorch.config.activation_memory_budget = B")
     print("command: python " + " ".join(sys.argv))
     results = {}
+    auto_lines = []
     started = time.perf_counter()
     for arch in args.models:
         results[arch] = bench_model(arch, args, device)
-        shape = get_arch_spec(arch).input_spec(get_arch_spec(arch).default_dataset).input_size
-        batch = args.batch_size if shape[-1] <= 64 else args.imagenet_batch_size
-        print_table(arch, results[arch], batch, device)
+        print_table(arch, results[arch], _batch(arch, args), device)
+        if args.auto_budget_fraction is not None:
+            line, met = auto_line(arch, results[arch], args, device)
+            print(line)
+            if met is not None:
+                auto_lines.append(f"{'meets' if met else 'MISSES'}  {arch} {line}")
     print(f"\ntargets ({time.perf_counter() - started:.0f} s):")
-    for line in check_targets(results):
+    for line in check_targets(results) + auto_lines:
         print("  " + line)
     return 0
 

@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import argparse
 
-from compressor.cli.domains import INT_MAX, input_size, integer, path, positive_reals, reals
-from compressor.memory import MEMORY_VARIANTS
+from compressor.cli.domains import (
+    INT_MAX,
+    input_size,
+    integer,
+    path,
+    positive_reals,
+    real,
+    reals,
+)
+from compressor.memory import AUTO, MEMORY_VARIANTS
 
 __all__ = ["add_model_args", "add_memory_args"]
 
@@ -40,10 +48,18 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_memory_args(parser: argparse.ArgumentParser) -> None:
-    """--memory-efficient."""
+    """--memory-efficient, --memory-budget."""
     group = parser.add_argument_group(
         "memory", "train with less memory: the same model, computed by a memory-efficient variant")
     group.add_argument("--memory-efficient", dest="memory_efficient", default=None,
-                       choices=MEMORY_VARIANTS,
+                       choices=(*MEMORY_VARIANTS, AUTO),
                        help="memory-efficient variant: recompute (activation checkpointing, "
-                            "efficient DenseNet) or inplace-abn (fused BN + leaky ReLU)")
+                            "efficient DenseNet), inplace-abn (fused BN + leaky ReLU), or auto "
+                            "(the fastest plain model, variant or combination whose measured "
+                            "training step at -b fits --memory-budget; inplace-abn only when "
+                            "training from scratch)")
+    group.add_argument("--memory-budget", dest="memory_budget", default=None, metavar="GIB",
+                       type=real(0.0, None, low_open=True),
+                       help="with --memory-efficient auto: the memory one training step may "
+                            "take on the run's device, in GiB (weights, gradients, optimizer "
+                            "state and activations)")

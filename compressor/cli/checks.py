@@ -7,6 +7,7 @@ import argparse
 
 from compressor.cli.args_distillation import KD_LOSS_DEFAULTS
 from compressor.cli.budget_args import budget_requested, check_budget
+from compressor.memory import AUTO
 from compressor.utils.errors import UsageError
 
 __all__ = ["check_args", "quantization_requested"]
@@ -30,6 +31,7 @@ def check_args(args: argparse.Namespace) -> None:
     _check_distillation(args)
     _check_epoch_reports(args)
     _check_training_settings(args)
+    _check_memory_budget(args)
     _check_quantization(args)
 
 
@@ -47,10 +49,22 @@ def _check_training_settings(args: argparse.Namespace) -> None:
     if mode is None:
         return
     for flag, on in (("--bn-momentum", args.bn_momentum is not None),
-                     ("--lr-head", args.lr_head is not None)):
+                     ("--lr-head", args.lr_head is not None),
+                     ("--memory-efficient auto", args.memory_efficient == AUTO)):
         if on:
             raise UsageError(f"{flag} sets how training runs, and {mode} trains none; drop "
                              f"{flag} (or {mode})")
+
+
+def _check_memory_budget(args: argparse.Namespace) -> None:
+    """--memory-efficient auto and --memory-budget come together."""
+    auto = args.memory_efficient == AUTO
+    if args.memory_budget is not None and not auto:
+        raise UsageError("--memory-budget is the budget of --memory-efficient auto; add "
+                         "--memory-efficient auto (or drop --memory-budget)")
+    if auto and args.memory_budget is None:
+        raise UsageError("--memory-efficient auto picks what fits a memory budget; add "
+                         "--memory-budget GIB (e.g. --memory-budget 8)")
 
 
 def _check_epoch_reports(args: argparse.Namespace) -> None:

@@ -11,12 +11,14 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from compressor.assembly.recipes import apply_transform
 from compressor.assembly.setup import RunSetup, build_resolved_model, resolve_run
 from compressor.cli.budget_args import budget_config, budget_only_flags
 from compressor.cli.checks import quantization_requested
@@ -48,6 +50,9 @@ from compressor.commands.train import (
     start_distillation,
 )
 from compressor.data import EvaluationData
+from compressor.memory import AUTO, fit_memory_budget, variant_label
+from compressor.memory.recipe import MEMORY_EFFICIENT
+from compressor.models.description import description_of
 from compressor.quantization.recipe import quantization_kind
 from compressor.training.dataloaders import seed_everything
 from compressor.training.run_dir import (
@@ -135,7 +140,10 @@ def _check_before_writing(args: argparse.Namespace, setup: RunSetup, model: nn.M
 def run(args: argparse.Namespace) -> int:
     """Execute one parsed command line."""
     started = time.perf_counter()
-    setup = resolve_run(model_request(args), seed=args.seed, deterministic=args.deterministic)
+    request = model_request(args)
+    if args.memory_efficient == AUTO:  # chosen by measuring, once the model is built
+        request = replace(request, memory_efficient=None)
+    setup = resolve_run(request, seed=args.seed, deterministic=args.deterministic)
     _configure_determinism(args.deterministic)
     ctx = init_distributed(args.cpu, args.gpus)
     seed_everything(setup.seed)  # the same initial weights on every rank and in every rerun
@@ -152,6 +160,10 @@ def run(args: argparse.Namespace) -> int:
     config = train_config(args)
     budget = budget_config(args)
     if is_budget_run(setup, budget, training, args.reset_optimizer):
+        if args.memory_efficient == AUTO:
+            raise UsageError("--memory-efficient auto measures one model, and a budget run "
+                             "changes it as it searches; name a variant (--memory-efficient "
+                             "recompute) or drop the flag")
         _refuse_quantized(args, setup, training)
         return run_budget(BudgetRun(
             budget, config, data_config(args, training),
@@ -162,6 +174,9 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{extra[0]} belongs to a budget run, and {setup.checkpoint_path} is "
                          f"not one; add a --target-* budget or drop {extra[0]}")
     distillation = _check_before_writing(args, setup, model, ctx, config, training)
+    memory_note = None
+    if args.memory_efficient == AUTO:
+        setup, model, memory_note = _fit_memory_budget(args, setup, model)
     if args.export_onnx is not None:
         from compressor.commands.export import run_export
 
@@ -181,6 +196,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("run directory %s", run_dir)
         if setup.model.pretrained_source is not None:
             log.info("%s", setup.model.pretrained_source.describe())
+        if memory_note is not None:
+            log.info("%s", memory_note)
         if ctx.is_main:
             write_args_yaml(run_dir, record)
         writer_dir = run_dir if ctx.is_main else None
@@ -200,6 +217,26 @@ def run(args: argparse.Namespace) -> int:
             write_results_json(run_dir, results)
             print(results_table(results, dataset_label(results["dataset"], args.data)))
     return 0
+
+
+def _fit_memory_budget(args: argparse.Namespace, setup: RunSetup, model: nn.Module
+                       ) -> tuple[RunSetup, nn.Module, str]:
+    """--memory-efficient auto: measure, choose and record the variant like a named one (a
+    checkpoint's recorded variant is kept, not measured again); returns the log line too."""
+    recorded = setup.description.recipe(MEMORY_EFFICIENT)
+    if recorded is not None:
+        return setup, model, (f"memory-efficient auto: {variant_label(recorded)}, as "
+                              f"{setup.checkpoint_path} records (not measured again)")
+    weights_from = next((flag for flag, on in (
+        ("--pretrained", setup.model.pretrained), ("--resume-from", setup.checkpoint is not None),
+        ("--exp-load-weights-from", setup.model.load_weights_from is not None)) if on), None)
+    choice = fit_memory_budget(model, setup.model.arch_spec, args.batch_size,
+                               round(args.memory_budget * 2**30),
+                               optimizer_config=optimizer_config(args), weights_from=weights_from)
+    if choice.recipe is not None:
+        model = apply_transform(model, MEMORY_EFFICIENT, choice.recipe)
+        setup = replace(setup, model=replace(setup.model, description=description_of(model)))
+    return setup, model, choice.describe()
 
 
 def _calibration(args: argparse.Namespace, setup: RunSetup, model: nn.Module,

@@ -1,5 +1,15 @@
 """Memory-efficient model variants and the measurement of activation memory."""
 
+from compressor.memory.auto import (
+    AUTO,
+    MeasuredVariant,
+    MemoryChoice,
+    choose_memory_variant,
+    fit_memory_budget,
+    measure_candidates,
+    memory_candidates,
+    variant_label,
+)
 from compressor.memory.compare import training_divergence
 from compressor.memory.dense import EfficientDenseBlock, make_densenet_efficient
 from compressor.memory.measure import MemoryReport, default_loss, measure_saved_bytes
@@ -26,4 +36,6 @@ __all__ = [
     "enable_checkpointing", "exact_checkpoint", "checkpoint_seq", "block_segments",
     "RecomputedSequential", "is_checkpointed", "FrozenNormStats",
     "EfficientDenseBlock", "make_densenet_efficient", "training_divergence",
+    "AUTO", "MeasuredVariant", "MemoryChoice", "memory_candidates", "measure_candidates",
+    "choose_memory_variant", "fit_memory_budget", "variant_label",
 ]
