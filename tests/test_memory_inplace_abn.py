@@ -1,12 +1,14 @@
-"""In-place activated batch norm: gradcheck, the unfused reference, and the CIFAR models."""
+"""In-place activated batch norm and memory-light max-pooling: exactness, saved bytes, peak."""
 
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
-from torch import nn
+import torch.nn.functional as F
+from torch import Tensor, nn
 from torch.autograd import gradcheck
 
 from compressor.memory import (
@@ -17,15 +19,27 @@ from compressor.memory import (
     measure_saved_bytes,
     training_divergence,
 )
+from compressor.memory.peak import record_allocations
 from compressor.models import create_model, get_arch_spec, list_archs
+from compressor.models.layers.light_pool import (
+    MaxPoolConv,
+    PoolGeometry,
+    WindowMaxPool,
+    pack_positions,
+    plane_indices,
+    unpack_positions,
+    window_positions,
+)
 from compressor.utils.errors import UsageError
 
 ACTIVATIONS = (("leaky_relu", 0.01), ("elu", 1.0), ("identity", 0.0))
 # Every architecture that can be built with in-place ABN: the CIFAR ResNets and _bn VGGs.
 IABN_ARCHS = [a for a in list_archs() if get_arch_spec(a).family == "resnet_cifar"
               or (get_arch_spec(a).family == "vgg_cifar" and a.endswith("_bn_cifar"))]
-
-
+# (kernel, stride, padding, dilation, ceil_mode): VGG's 2x2/2, overlapping, padded, dilated.
+GEOMETRIES = [((2, 2), (2, 2), (0, 0), (1, 1), False), ((3, 3), (2, 2), (1, 1), (1, 1), True),
+              ((3, 2), (1, 2), (1, 0), (2, 1), False), ((2, 3), (2, 1), (0, 1), (2, 2), True),
+              ((5, 5), (3, 3), (2, 2), (1, 1), False)]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -136,3 +150,165 @@ def test_unsupported_architectures_are_usage_errors(arch: str) -> None:
     model = create_model(arch, spec.default_dataset)
     with pytest.raises(UsageError, match="no 'inplace-abn' variant"):
         apply_memory_variant(model, spec, "inplace-abn")
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=str)
+def test_window_positions_are_bytes_that_give_back_torchs_indices(geometry: tuple) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 9, 11)
+    _, indices = torch.ops.aten.max_pool2d_with_indices(x, *geometry)
+    pool = PoolGeometry(*geometry)
+    positions = window_positions(indices, x.shape[-1], pool)
+    count = pool.kernel[0] * pool.kernel[1]
+    assert positions.dtype == torch.uint8 and int(positions.max()) < count
+    assert torch.equal(plane_indices(positions, x.shape[-1], pool), indices)
+    packed = pack_positions(positions, count)
+    per_byte = 4 if count <= 4 else 2 if count <= 16 else 1
+    assert packed.numel() == math.ceil(positions.numel() / per_byte)
+    assert torch.equal(unpack_positions(packed, positions.shape, count), positions)
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES[:3], ids=str)
+def test_light_pool_functions_match_torchs_pool_and_conv_bitwise(geometry: tuple) -> None:
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 7, requires_grad=True)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    pool, conv_args = PoolGeometry(*geometry), (conv.stride, conv.padding, conv.dilation, 1)
+    grad = torch.randn_like(conv(F.max_pool2d(x, *geometry)))
+    results = []
+    for run in (lambda: conv(F.max_pool2d(x, *geometry)),
+                lambda: conv(WindowMaxPool.apply(x, pool)),
+                lambda: MaxPoolConv.apply(x, conv.weight, conv.bias, pool, conv_args)):
+        x.grad = conv.weight.grad = conv.bias.grad = None
+        out = run()
+        out.backward(grad)
+        results.append([out.detach(), x.grad, conv.weight.grad, conv.bias.grad])
+    for other in results[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(results[0], other, strict=True))
+
+    x64, weight, bias = (t.detach().double().requires_grad_() for t in (x, conv.weight, conv.bias))
+    assert gradcheck(lambda x: WindowMaxPool.apply(x, pool), (x64,))
+    assert gradcheck(lambda x, w, b: MaxPoolConv.apply(x, w, b, pool, conv_args),
+                     (x64, weight, bias))
+
+
+class _StandardPath(nn.Module):
+    """A VGGCifar run through nn.Sequential: torch's pools and convolutions, same ABN layers."""
+
+    def __init__(self, vgg: nn.Module) -> None:
+        super().__init__()
+        self.vgg = vgg
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.vgg.classifier(self.vgg.features(x).flatten(1))
+
+
+def _vgg11_variants() -> tuple[nn.Module, nn.Module, nn.Module]:
+    """vgg11_bn_cifar: in-place ABN variant, the same through torch's pools, and unfused."""
+    torch.manual_seed(0)
+    plain = create_model("vgg11_bn_cifar", "cifar10")
+    variant = apply_memory_variant(copy.deepcopy(plain), get_arch_spec("vgg11_bn_cifar"),
+                                   "inplace-abn")
+    unfused = copy.deepcopy(plain)
+    convert_to_inplace_abn(unfused, fused=False)
+    return variant, _StandardPath(copy.deepcopy(variant)), unfused
+
+
+def test_vgg_light_pooling_trains_bitwise_as_torchs_pooling() -> None:
+    variant, standard, _ = _vgg11_variants()
+    diff = training_divergence(standard, variant, torch.randn(4, 3, 32, 32), steps=2)
+    diff.pop("grad_scale")
+    assert max(diff.values()) == 0, diff
+
+
+def test_running_statistics_update_once_per_step() -> None:
+    variant, _, unfused = _vgg11_variants()
+    x = torch.randn(4, 3, 32, 32)
+    # One step: running mean, var and count bitwise those of BatchNorm + LeakyReLU (the
+    # forward is the same computation; later steps start from round-off-apart weights).
+    diff = training_divergence(unfused, variant, x, steps=1)
+    assert diff["outputs"] == 0 and diff["buffers"] == 0, diff
+    training_divergence(unfused, variant, x, steps=2)
+    counts = [int(m.num_batches_tracked) for m in variant.modules() if isinstance(m, InPlaceABN)]
+    assert len(counts) == 8 and set(counts) == {3}
+
+
+def test_vgg_saves_one_map_per_convolution_and_byte_packed_argmaxes() -> None:
+    """Per layer: the ABN output (shared by the next conv or pool), a packed argmax per pool."""
+    variant, _, _ = _vgg11_variants()
+    x = torch.randn(2, 3, 32, 32)
+    pools = [m for m in variant.modules() if isinstance(m, nn.MaxPool2d)]
+    with torch.no_grad():  # hooks on a pool run it as itself: its shapes come from this run
+        pooled: list[torch.Size] = []
+        handles = [m.register_forward_hook(lambda m, i, o: pooled.append(o.shape)) for m in pools]
+        variant(x)
+        for handle in handles:
+            handle.remove()
+    abn_outputs: list[Tensor] = []
+    for module in variant.modules():
+        if isinstance(module, InPlaceABN):
+            module.register_forward_hook(lambda m, i, o: abn_outputs.append(o))
+    excluded = {t.untyped_storage().data_ptr() for t in [*variant.parameters(),
+                                                          *variant.buffers(), x]}
+    saved: dict[int, Tensor] = {}
+
+    def pack(tensor: Tensor) -> Tensor:
+        pointer = tensor.untyped_storage().data_ptr()
+        if pointer and pointer not in excluded:
+            saved[pointer] = tensor
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        variant(x).sum().backward()
+    maps = {p: t for p, t in saved.items() if t.is_floating_point() and t.numel() > 512}
+    abn_storages = {o.untyped_storage().data_ptr() for o in abn_outputs}
+    assert len(abn_outputs) == 8 and abn_storages <= set(maps)
+    # besides the ABN outputs, only the last pool's output, the classifier's input
+    (classifier_input,) = [t for p, t in maps.items() if p not in abn_storages]
+    assert classifier_input.numel() == pooled[-1].numel()
+    argmaxes = sorted(((t.numel(), t.dtype) for t in saved.values()
+                       if not t.is_floating_point()), reverse=True)  # no int64 indices
+    assert argmaxes == [(math.ceil(shape.numel() / 4), torch.uint8) for shape in pooled]
+    stats = sum(2 * 4 * o.shape[1] for o in abn_outputs)  # mean and invstd per channel
+    expected = (sum(o.numel() * 4 for o in abn_outputs) + stats + pooled[-1].numel() * 4
+                + sum(math.ceil(shape.numel() / 4) for shape in pooled))
+    assert measure_saved_bytes(variant, x).saved_bytes == expected
+
+
+@pytest.mark.parametrize("activation,param", ACTIVATIONS)
+def test_backward_overwrites_the_output_only_when_nothing_else_reads_it(
+        activation: str, param: float) -> None:
+    torch.manual_seed(0)
+    abn = InPlaceABN(8, activation=activation, activation_param=param)
+    with torch.no_grad():
+        abn.weight.uniform_(0.5, 1.5)
+        abn.bias.uniform_(-0.5, 0.5)
+    scale = torch.randn(1, 8, 1, 1).requires_grad_()
+    x = torch.randn(16, 8, 32, 32)
+    leaves = (scale, abn.weight, abn.bias)
+
+    def step(hold: bool, retain: bool = False) -> tuple[int, list[Tensor], list[Tensor]]:
+        held: list[Tensor] = []
+        handle = abn.register_forward_hook(lambda m, i, o: held.append(o)) if hold else None
+        for leaf in leaves:
+            leaf.grad = None
+        with record_allocations() as trace:
+            loss = (abn(x * scale) * scale).sum()
+            loss.backward(retain_graph=retain)
+            if retain:  # the graph's saved output must still be intact
+                loss.backward()
+        if handle is not None:
+            handle.remove()
+        peak = trace.peak_bytes(exclude=[leaf.grad for leaf in leaves])
+        return peak, [leaf.grad.clone() for leaf in leaves], held
+
+    with torch.no_grad():
+        as_computed = copy.deepcopy(abn)(x * scale)  # batch statistics, as in the step
+    held_peak, held_grads, (output,) = step(hold=True)
+    assert torch.equal(output, as_computed)  # a caller's reference is never overwritten
+    peak, grads, _ = step(hold=False)
+    assert all(torch.equal(a, b) for a, b in zip(grads, held_grads, strict=True))
+    if activation != "identity":  # the inverted copy (one activation map) is not made
+        assert peak <= held_peak - 0.9 * x.numel() * 4
+    _, twice, _ = step(hold=False, retain=True)
+    assert all(torch.equal(a, 2 * b) for a, b in zip(twice, grads, strict=True))

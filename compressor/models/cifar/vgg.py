@@ -7,6 +7,8 @@ from types import MappingProxyType
 from torch import Tensor, nn
 
 from compressor.models.layers.checkpointing import block_segments, checkpoint_seq
+from compressor.models.layers.inplace_abn import InPlaceABN
+from compressor.models.layers.light_pool import run_light_sequential
 from compressor.models.registry import register_model
 from compressor.utils.input_spec import InputSpec
 
@@ -67,6 +69,10 @@ class VGGCifar(nn.Module):
         if self.grad_checkpointing:
             x = checkpoint_seq(self.features, x,
                                segments=block_segments(self.features, ["Conv2d"]))
+        elif any(isinstance(m, InPlaceABN) and m.fused for m in self.features):
+            # In-place ABN variant: its pools keep byte-sized argmaxes and the conv after a
+            # pool recomputes the pooled map, so one map per conv is saved for backward.
+            x = run_light_sequential(self.features, x)
         else:
             x = self.features(x)
         return self.classifier(x.flatten(1))

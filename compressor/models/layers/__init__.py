@@ -1,2 +1,2 @@
 """Building blocks the model families use: named element-wise ops, activation checkpointing
-(checkpoint_seq) and in-place activated batch norm."""
+(checkpoint_seq), in-place activated batch norm and memory-light max-pooling."""

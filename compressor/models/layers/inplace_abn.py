@@ -4,6 +4,10 @@ Rota Bulo et al., "In-Place Activated BatchNorm for Memory-Optimized Training of
 backward pass recovers the normalized input from the output by inverting the activation and
 the affine transform, so the BN input (a convolution's output, kept by nothing else) is never
 stored. ReLU is not invertible; leaky ReLU (slope 0.01), ELU and identity are.
+
+As in the paper, backward recovers the pre-activation values in the storage of the saved
+output itself when nothing else can still read that output (its consumers' backward ran
+before, and no one else holds it): one activation-sized buffer less at the step's peak.
 """
 
 from __future__ import annotations
@@ -34,16 +38,41 @@ def _activate_(z: Tensor, activation: str, param: float) -> Tensor:
     return z
 
 
-def _invert(z: Tensor, grad_z: Tensor, activation: str, param: float) -> tuple[Tensor, Tensor]:
-    """Pre-activation values and the gradient with respect to them, from the output alone."""
+def _sole_holder(tensor: Tensor) -> bool:
+    """Whether nothing but this backward can read `tensor`'s storage (so it may be overwritten).
+
+    Holders of a saved output's storage in its backward: the saved variable, the unpacked
+    alias and the storage handle made here. Anything more (the caller's reference to the
+    output, a view, a consumer's saved input kept by retain_graph) raises the count, and the
+    output is left alone. One blind spot: identity saved-tensor hooks (as in
+    compressor.memory.measure_saved_bytes) make those holders share one tensor, so a caller
+    who keeps the output and reads it after that backward reads BN(x) + residual.
+    """
+    if torch.compiler.is_compiling():
+        return False
+    try:
+        return torch._C._storage_Use_Count(tensor.untyped_storage()._cdata) <= 3
+    except (AttributeError, RuntimeError):  # a torch without the counter: never overwrite
+        return False
+
+
+def _invert(z: Tensor, grad_z: Tensor, activation: str, param: float,
+            in_place: bool) -> tuple[Tensor, Tensor]:
+    """Pre-activation values (in z's storage if `in_place`) and the gradient with respect to them.
+
+    The gradient comes first: ELU's is computed from the output.
+    """
     if activation == "leaky_relu":  # one fused pass each: x if x > 0 else x * slope
-        return (torch.ops.aten.leaky_relu_backward(z, z, 1.0 / param, True),
-                torch.ops.aten.leaky_relu_backward(grad_z, z, param, True))
+        grad = torch.ops.aten.leaky_relu_backward(grad_z, z, param, True)
+        if in_place:
+            return (torch.ops.aten.leaky_relu_backward.grad_input(z, z, 1.0 / param, True,
+                                                                  grad_input=z), grad)
+        return torch.ops.aten.leaky_relu_backward(z, z, 1.0 / param, True), grad
     if activation == "elu":
+        grad = torch.ops.aten.elu_backward(grad_z, param, 1.0, 1.0, True, z)
         # Saturated outputs (z -> -alpha) cannot be inverted: clamp to the float's resolution.
-        ratio = torch.clamp(z / param, min=-1.0 + torch.finfo(z.dtype).eps)
-        return (torch.where(z > 0, z, torch.log1p(ratio)),
-                torch.ops.aten.elu_backward(grad_z, param, 1.0, 1.0, True, z))
+        ratio = torch.div(z, param).clamp_(min=-1.0 + torch.finfo(z.dtype).eps).log1p_()
+        return torch.where(z > 0, z, ratio, out=z if in_place else None), grad
     return z, grad_z
 
 
@@ -51,8 +80,28 @@ def _channel_view(t: Tensor, dim: int) -> Tensor:
     return t.view(1, -1, *([1] * (dim - 2)))
 
 
+def _train_input_grad(grad_y: Tensor, y: Tensor, shift: Tensor, inv_gamma: Tensor,
+                      grad_w: Tensor, grad_b: Tensor, scale: Tensor) -> Tensor:
+    """Training batch norm's input gradient, written over y (no new buffer).
+
+    dx = (dy - mean(dy) - x_hat * mean(dy * x_hat)) * scale with x_hat = (y - shift) *
+    inv_gamma, i.e. scale * dy + slope * y + offset per channel; grad_w and grad_b are the
+    per-channel sums of dy * x_hat and dy, scale is gamma * invstd.
+    """
+    dim, count = y.dim(), y.numel() // y.shape[1]
+    projection = inv_gamma * grad_w / count  # mean(dy * x_hat) * inv_gamma
+    slope = -scale * projection
+    offset = scale * (shift * projection - grad_b / count)
+    y.mul_(_channel_view(slope, dim)).addcmul_(grad_y, _channel_view(scale, dim))
+    return y.add_(_channel_view(offset, dim))  # three in-place passes beat two addcmuls
+
+
 class InPlaceABNFunction(torch.autograd.Function):
-    """y = act(BN(x) + residual); saves y (and the per-channel statistics), not x."""
+    """y = act(BN(x) + residual); saves y (and the per-channel statistics), not x.
+
+    Backward overwrites the saved y with BN(x) + residual when it holds y's only reference
+    (see _sole_holder); otherwise it works on a copy. The gradients are the same either way.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor, residual: Tensor | None,
@@ -85,15 +134,18 @@ class InPlaceABNFunction(torch.autograd.Function):
         """Invert the activation and the affine map, then apply batch norm's backward."""
         out, weight, bias, residual, mean, invstd, small, kept = ctx.saved_tensors
         dim = out.dim()
-        y, grad_y = _invert(out, grad_out, ctx.activation, ctx.param)
+        in_place = _sole_holder(out)
+        y, grad_y = _invert(out, grad_out, ctx.activation, ctx.param, in_place)
+        writable = in_place or y is not out  # y is a new tensor, or the output nobody reads
         if residual is not None:
-            y = y.sub_(residual) if y is not out else y - residual
+            y = y.sub_(residual) if writable else y - residual
+            writable = True
         # y = gamma * x_hat + beta, so y is the input of a batch norm with mean beta and
         # invstd 1 / gamma; its weight gamma^2 * invstd makes the kernel's dx batch norm's.
         # Channels with a (near) zero gamma use their kept x_hat with mean 0 and invstd 1.
         shift, inv_gamma, kernel_weight = bias, None, weight * weight * invstd
         if small.numel():
-            y = y.clone() if y is out else y
+            y = y if writable else y.clone()
             y.index_copy_(1, small, kept)
             shift = bias.index_fill(0, small, 0.0)
             kernel_weight = kernel_weight.index_copy(0, small, (weight * invstd)[small])
@@ -102,9 +154,15 @@ class InPlaceABNFunction(torch.autograd.Function):
             inv_gamma = weight.reciprocal()
         needs_x = ctx.needs_input_grad[0]
         if ctx.training:
-            grad_x, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
+            # Only the kernel's reductions: its CPU version allocates the input gradient twice
+            # (a transient extra activation at the step's peak); dx is written over y instead.
+            _, grad_w, grad_b = torch.ops.aten.native_batch_norm_backward(
                 grad_y, y, kernel_weight, None, None, shift, inv_gamma, True, 0.0,
-                [needs_x, True, True])
+                [False, True, True])
+            grad_x = None
+            if needs_x:
+                grad_x = _train_input_grad(grad_y, y if writable else y.clone(), shift,
+                                           inv_gamma, grad_w, grad_b, weight * invstd)
         else:
             dims = [0, *range(2, dim)]
             x_hat = (y - _channel_view(shift, dim)) * _channel_view(inv_gamma, dim)
