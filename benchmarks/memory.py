@@ -56,17 +56,19 @@ from compressor.utils.errors import UsageError  # noqa: E402
 MIB = 2 ** 20
 DEFAULT_MODELS = ("densenet_bc_100_cifar", "resnet56_cifar", "vgg16_bn_cifar", "resnet50",
                   "inception_v3")
-# (model, variant, metric, limit): the issue's targets, checked at the end of a run.
+# (model, variant, metric, limit): the targets, checked at the end of a run. "saved": bytes
+# saved for backward when forward ends, "peak": live activation bytes during the whole step,
+# "time": step time, each over the plain model's measured in the same run.
 TARGETS = (
-    ("densenet_bc_100_cifar", "recompute", "saved", 0.30),
-    ("densenet_bc_100_cifar", "recompute", "time", 1.30),
-    ("vgg16_bn_cifar", "inplace-abn", "saved", 0.60),
-    ("vgg16_bn_cifar", "inplace-abn", "batch", 1.60),
-    ("vgg16_bn_cifar", "inplace-abn", "time", 1.15),
-    ("resnet56_cifar", "inplace-abn", "saved", 0.75),
-    ("resnet56_cifar", "inplace-abn", "time", 1.15),
-    ("resnet56_cifar", "recompute", "saved", 0.50),
-    ("resnet56_cifar", "recompute", "time", 1.35),
+    ("densenet_bc_100_cifar", "recompute", "saved", 0.17),
+    ("densenet_bc_100_cifar", "recompute", "time", 1.15),
+    ("densenet_bc_100_cifar", "recompute", "peak", 0.50),
+    ("vgg16_bn_cifar", "inplace-abn", "saved", 0.45),
+    ("vgg16_bn_cifar", "inplace-abn", "time", 1.05),
+    ("vgg16_bn_cifar", "inplace-abn", "peak", 0.50),
+    ("resnet56_cifar", "recompute", "saved", 0.27),
+    ("resnet56_cifar", "recompute", "time", 1.30),
+    ("resnet56_cifar", "recompute", "peak", 0.50),
 )
 AUTO_TARGET = 1.10  # auto's step time over the fastest hand-chosen variant that fits
 
@@ -380,7 +382,7 @@ def auto_line(arch: str, rows: list[dict], args: argparse.Namespace,
 
 
 def check_targets(results: dict[str, list[dict]]) -> list[str]:
-    """One line per target of the issue: the measured ratio and whether it meets the limit."""
+    """One line per target: the measured ratio and whether it meets the limit."""
     lines = []
     for arch, variant, metric, limit in TARGETS:
         rows = {row["variant"]: row for row in results.get(arch, []) if "failed" not in row}
@@ -392,7 +394,7 @@ def check_targets(results: dict[str, list[dict]]) -> list[str]:
             ok = value >= limit
             text = f">= {limit:.2f}"
         else:
-            key = "saved" if metric == "saved" else "time"
+            key = metric
             if row[key] is None or not base[key]:
                 continue
             value = row[key] / base[key]
