@@ -39,6 +39,8 @@ __all__ = [
     "fake_quantize", "LinearQuantizeSTE", "ClampedLinearQuantizeSTE", "fake_quantize_ste",
     "float_range", "torch_qparams",
     "accum_range", "bias_scale", "quantize_bias",
+    # the pieces of ClampedLinearQuantizeSTE, for training that saves integer codes for backward
+    "code_dtype", "clip_bounds", "quantize_clamped_",
 ]
 
 MIN_BITS, MAX_BITS = 2, 16
@@ -292,11 +294,12 @@ class ClampedLinearQuantizeSTE(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:
         """The gradient inside the range, 0 outside it."""
-        if len(ctx.saved_tensors) == 3:
-            x, low, high = ctx.saved_tensors
+        saved = ctx.saved_tensors  # once: activation checkpointing unpacks each tensor once
+        if len(saved) == 3:
+            x, low, high = saved
             grad = torch.where((x >= low) & (x <= high), grad_output, 0.0)
         else:
-            (x,) = ctx.saved_tensors
+            (x,) = saved
             # hardtanh's backward passes the gradient strictly inside its bounds: bounds one
             # step of x's dtype outside the range pass it at the range's ends too
             low, high = (torch.nextafter(torch.tensor(bound, dtype=x.dtype),
@@ -316,6 +319,30 @@ def _host_bounds(x: Tensor, clip_range: tuple[Tensor | float, Tensor | float]
         for v in clip_range)
     low, high = (torch.as_tensor(v, dtype=x.dtype, device=x.device) for v in clip_range)
     return (low.item(), high.item()) if on_host else (low, high)
+
+
+def clip_bounds(x: Tensor, clip_range: tuple[Tensor | float, Tensor | float]
+                ) -> tuple[Tensor | float, Tensor | float]:
+    """The clip range as `fake_quantize_ste` applies it to `x` (Python floats for a plain CPU
+    tensor and a range of two numbers, else tensors on x's device)."""
+    return _host_bounds(x, clip_range)
+
+
+def quantize_clamped_(clamped: Tensor, scale: Tensor | float, zero_point: Tensor | float,
+                      qmin: int, qmax: int) -> Tensor:
+    """The integers ClampedLinearQuantizeSTE makes of x, from `clamp(x, low, high)` and in its
+    place, in x's float dtype: the same operations, so `(q + zero_point) / scale` is bitwise
+    the STE's output."""
+    return clamped.mul_(scale).sub_(zero_point).round_().clamp_(qmin, qmax)
+
+
+def code_dtype(qmin: int, qmax: int) -> torch.dtype:
+    """The smallest integer dtype that holds qmin..qmax (uint8, int8, int16 or int32)."""
+    for dtype in (torch.uint8, torch.int8, torch.int16):
+        info = torch.iinfo(dtype)
+        if info.min <= qmin and qmax <= info.max:
+            return dtype
+    return torch.int32
 
 
 def fake_quantize_ste(x: Tensor, scale: Tensor | float, zero_point: Tensor | float,

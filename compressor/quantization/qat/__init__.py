@@ -19,6 +19,7 @@ from compressor.quantization.qat.quantizer import (
     qat_to_float,
     quantizer_parameter_names,
     range_qparams,
+    set_compact_save,
     set_qat_enabled,
     unprepare,
     update_ema,
@@ -30,6 +31,7 @@ __all__ = [
     "FakeLinearQuantization", "LinearWeightQuant", "QATWrapper", "InputQuantizer",
     "QATQuantizer", "QuantAwareTrainRangeLinearQuantizer", "is_qat_prepared",
     "quantizer_parameter_names", "set_qat_enabled", "qat_to_float", "unprepare",
+    "set_compact_save",
     # the methods and their builder
     "DorefaQuantizer", "PACTQuantizer", "WRPNQuantizer", "QAT_CLASSES", "build_qat_quantizer",
     "qat_from_recipe",

@@ -13,6 +13,12 @@ The batch norm stays at its own name as a `FoldedBatchNorm`, which passes its in
 keeps its parameters and running statistics (the same tensors: optimizers, schedules and
 checkpoints see the names they knew); the fused ReLU is replaced by nn.Identity and runs inside
 the wrapper. `unfuse` puts both back.
+
+The fold reads the running variance before the batch norm updates it. Activation checkpointing
+recomputes the forward in backward, after that update: the recomputation folds with the
+variance the forward read, which each training forward keeps (a copy of C values), and
+normalises with the batch's statistics without updating the running ones a second time
+(whichever batch norms the recomputed segment declares as its own).
 """
 
 from __future__ import annotations
@@ -20,10 +26,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from compressor.quantization.qat.modules import QATWrapper, where_enabled
+from compressor.quantization.qat.compact import fold_divide, in_recomputation
+from compressor.quantization.qat.modules import QATWrapper, compact_now, where_enabled
 from compressor.quantization.simulated.fusion import Fusion
 
 __all__ = ["FoldedBatchNorm", "FusedQATWrapper", "fold_factor"]
@@ -57,6 +65,11 @@ class FoldedBatchNorm(nn.modules.batchnorm._BatchNorm):
 
     def normalize(self, x: Tensor) -> Tensor:
         """The batch norm itself (batch statistics in training, running ones in eval)."""
+        if self.training and self.running_mean is not None and in_recomputation():
+            # the forward has updated the statistics: update copies (the same tensors saved
+            # for backward, as checkpoint checks; the output is the batch statistics')
+            return F.batch_norm(x, self.running_mean.clone(), self.running_var.clone(),
+                                self.weight, self.bias, True, 0.0, self.eps)
         return nn.modules.batchnorm._BatchNorm.forward(self, x)
 
     def plain(self) -> nn.modules.batchnorm._BatchNorm:
@@ -70,9 +83,12 @@ class FoldedBatchNorm(nn.modules.batchnorm._BatchNorm):
         return norm.train(self.training)
 
 
-def fold_factor(norm: nn.modules.batchnorm._BatchNorm) -> Tensor:
-    """gamma / sqrt(running_var + eps) per channel, as torch's fuse_conv_bn_eval computes it."""
-    factor = torch.rsqrt(norm.running_var + norm.eps)
+def fold_factor(norm: nn.modules.batchnorm._BatchNorm,
+                running_var: Tensor | None = None) -> Tensor:
+    """gamma / sqrt(running_var + eps) per channel, as torch's fuse_conv_bn_eval computes it
+    (with `running_var` in place of the norm's own, if given)."""
+    running_var = norm.running_var if running_var is None else running_var
+    factor = torch.rsqrt(running_var + norm.eps)
     return norm.weight * factor if norm.affine else factor
 
 
@@ -91,6 +107,9 @@ class FusedQATWrapper(QATWrapper):
         self.fusion = fusion
         object.__setattr__(self, "folded_norm", norm)  # not a child: it keeps its own name
         self.activation = activation
+        self.compact_save = base.compact_save
+        # the running variance the latest training forward folded with (for a recomputation)
+        self._folded_var: Tensor | None = None
 
     def signature(self) -> str:
         """The base signature and what is fused."""
@@ -130,7 +149,8 @@ class FusedQATWrapper(QATWrapper):
         weight = self.wrapped.weight
         factor = None
         if self.folded_norm is not None:
-            factor = torch.where(self.enabled, fold_factor(self.folded_norm), 1.0)
+            fold = fold_factor(self.folded_norm, self._running_var_to_fold())
+            factor = torch.where(self.enabled, fold, 1.0)
             weight = weight * self._over_weight(factor, weight)
             factor = torch.where(factor == 0, torch.ones_like(factor), factor)
         if self.weight_quant is not None:
@@ -138,6 +158,16 @@ class FusedQATWrapper(QATWrapper):
             weight = where_enabled(self.enabled, lambda: quant(folded), folded)
         return weight, factor
 
+    def _running_var_to_fold(self) -> Tensor | None:
+        """The running variance to fold with: the forward's in a recomputation, else the
+        norm's own (kept for a recomputation while training)."""
+        norm = self.folded_norm
+        if not (self.training and torch.is_grad_enabled()) or norm.running_var is None:
+            return None
+        if in_recomputation():
+            return self._folded_var
+        self._folded_var = norm.running_var.detach().clone()
+        return None
 
     def effective_params(self) -> dict[str, Tensor]:
         """The plain layer's weight and bias: the folded quantized weight with the fold divided
@@ -152,6 +182,8 @@ class FusedQATWrapper(QATWrapper):
 
     def forward(self, *inputs: Any) -> Any:
         """Layer with the folded quantized weight, batch norm, activation, output quant."""
+        if compact_now(self, inputs):
+            return self._compact_fused(inputs)
         inputs = self.quantize_inputs(inputs)
         if not isinstance(getattr(self.wrapped, "weight", None), Tensor):
             out = self.wrapped(*inputs)  # an element-wise add, then its fused ReLU
@@ -170,3 +202,20 @@ class FusedQATWrapper(QATWrapper):
         if self.activation is not None:
             out = self.activation(out)
         return self.quantize_output(out)
+
+    def _compact_fused(self, inputs: tuple[Any, ...]) -> Any:
+        """`forward` while enabled, keeping codes and masks for backward (compact.py): the
+        layer's input as codes, the division's quotient (the batch norm's input) once."""
+        inputs = self.compact_inputs(inputs)
+        if not isinstance(getattr(self.wrapped, "weight", None), Tensor) or len(inputs) != 1:
+            return self.compact_output(self.wrapped(*inputs), self.activation)
+        weight, factor = self._folded_weight()
+        bias = self.parameter("bias")
+        out = self.compact_layer(inputs[0], weight, torch.zeros_like(bias)
+                                 if bias is not None and factor is not None else bias)
+        if factor is not None:
+            out = fold_divide(out, self._over_outputs(factor, out))
+            if bias is not None:
+                out = out + self._over_outputs(bias, out)
+            out = self.folded_norm.normalize(out)
+        return self.compact_output(out, self.activation)

@@ -22,8 +22,9 @@ import torch
 from torch import Tensor, nn
 
 from compressor.quantization.core.errors import QuantizationError, shown
-from compressor.quantization.core.range_linear import LinearQuantizeSTE
+from compressor.quantization.core.range_linear import LinearQuantizeSTE, code_dtype
 from compressor.quantization.core.settings import LayerSettings, QuantSettings
+from compressor.quantization.qat.compact import GridParts
 from compressor.quantization.qat.quantizer import QATQuantizer
 
 __all__ = [
@@ -104,6 +105,12 @@ class ClippedLinearQuantization(nn.Module):
         clamped = clamp_ste(x, 0.0, self.clip_val)
         return LinearQuantizeSTE.apply(clamped, levels / self.clip_val, 0.0, 0, levels, True)
 
+    def grid_parts(self, x: Tensor, active: Tensor | None = None) -> GridParts:
+        """`forward` computed in full for the compact path (QATWrapper.compact_output)."""
+        levels = 2 ** self.num_bits - 1
+        scale = levels / self.clip_val
+        return _ste_parts(clamp_ste(x, 0.0, self.clip_val), scale, levels, self.clip_val)
+
     def output_range(self) -> tuple[float, float]:
         """(0, clip_val)."""
         return 0.0, self.clip_val
@@ -128,9 +135,30 @@ class LearnedClippedLinearQuantization(nn.Module):
         scale = levels / self.clip_val.detach()
         return LinearQuantizeSTE.apply(clipped, scale, 0.0, 0, levels, True)
 
+    def grid_parts(self, x: Tensor, active: Tensor | None = None) -> GridParts:
+        """`forward` computed in full for the compact path: the gradient reaches x where
+        0 <= x < clip_val, and clip_val where x >= clip_val."""
+        levels = 2 ** self.num_bits - 1
+        clip_val = self.clip_val.detach()
+        below = x < clip_val
+        clipped = torch.where(below, torch.where(x < 0, 0.0, x), clip_val)
+        top = torch.nextafter(clip_val, torch.full_like(clip_val, -math.inf))  # below clip_val
+        if top.device.type == "cpu" and top.numel() == 1:
+            top = top.item()  # a host bound: the faster mask (compact.py)
+        return _ste_parts(clipped, levels / clip_val, levels, top, below.logical_not_())
+
     def output_range(self) -> tuple[float, float]:
         """(0, clip_val)."""
         return 0.0, float(self.clip_val.detach().reshape(-1)[0])
+
+
+def _ste_parts(clamped: Tensor, scale: Tensor | float, levels: int, top: Tensor | float,
+               to_alpha: Tensor | None = None) -> GridParts:
+    """LinearQuantizeSTE's dequantized output on [0, levels] (zero point 0.0), in full; the
+    gradient passes where 0 <= x <= top."""
+    q = clamped.mul_(scale).sub_(0.0).round_().clamp_(0, levels)
+    codes = q.to(code_dtype(0, levels))
+    return GridParts(q.add_(0.0).div_(scale), codes, 0.0, scale, 0.0, top, to_alpha)
 
 
 class DorefaQuantizer(QATQuantizer):

@@ -4,6 +4,12 @@
 weights (straight-through estimator) and its output; `InputQuantizer` quantizes the model's
 input. Every flag and tracked range is a buffer, applied by `where_enabled`: `torch.where` on an
 accelerator (no host sync), a branch on the CPU (where reading a flag costs nothing).
+
+While training with QAT enabled, the wrappers keep what backward needs in compact form
+(compact.py: activations as integer codes, clamp masks as bits) with bitwise the same
+gradients; `compact_save = False` on a wrapper keeps torch's own float tensors (for debugging).
+There the flag is read on the host (on an accelerator once, until the flag changes), so only
+the branch taken is computed.
 """
 
 from __future__ import annotations
@@ -18,14 +24,26 @@ from torch.func import functional_call
 from compressor.quantization.core.range_linear import (
     LinearQuantizeSTE,
     LinearQuantMode,
+    clip_bounds,
+    code_dtype,
     fake_quantize_ste,
+    quantize_clamped_,
     quantized_range,
     range_qparams,
 )
+from compressor.quantization.core.settings import PARAM_LAYERS
+from compressor.quantization.qat.compact import (
+    GridParts,
+    fusable_activation,
+    in_recomputation,
+    layer_on_codes,
+    masked_quantize,
+)
 
 __all__ = ["DEFAULT_EMA_DECAY", "where_enabled", "update_ema", "range_qparams", "RangeTracker",
-           "tracked_clip_range", "on_tracked_grid", "FakeLinearQuantization",
-           "LinearWeightQuant", "InputGrid", "QATWrapper", "InputQuantizer"]
+           "tracked_clip_range", "on_tracked_grid", "tracked_grid_parts", "compact_now",
+           "FakeLinearQuantization", "LinearWeightQuant", "InputGrid", "QATWrapper",
+           "InputQuantizer"]
 
 DEFAULT_EMA_DECAY = 0.999  # Distiller's default
 
@@ -38,6 +56,34 @@ def where_enabled(flag: Tensor, enabled: Callable[[], Tensor], disabled: Tensor)
     if type(flag) is Tensor and flag.device.type == "cpu":
         return enabled() if bool(flag) else disabled
     return torch.where(flag, enabled(), disabled)
+
+
+def _flag_on_host(owner: nn.Module, flag: Tensor) -> bool | None:
+    """The bool flag's value, None while tracing; on an accelerator read once (a host sync)
+    and cached until the flag tensor changes (its version counter moves on any in-place write:
+    set_qat_enabled, load_state_dict, DDP's buffer broadcast)."""
+    if type(flag) is not Tensor or torch.jit.is_tracing():
+        return None
+    if flag.device.type == "cpu":
+        return bool(flag)
+    seen = owner.__dict__.get("_flag_seen")
+    if seen is not None and seen[0] is flag and seen[1] == flag._version:
+        return seen[2]
+    value = bool(flag)
+    owner.__dict__["_flag_seen"] = (flag, flag._version, value)
+    return value
+
+
+def compact_now(owner: nn.Module, inputs: tuple[Any, ...]) -> bool:
+    """Whether `owner` (a wrapper or input quantizer) runs its compact path: asked for,
+    autograd recording, quantization enabled, plain tensors in, no autocast."""
+    if not getattr(owner, "compact_save", False) or not torch.is_grad_enabled():
+        return False
+    if not inputs or not all(type(value) is Tensor for value in inputs):
+        return False
+    if torch.is_autocast_enabled(inputs[0].device.type):
+        return False
+    return bool(_flag_on_host(owner, owner.enabled))
 
 
 def update_ema(biased: Tensor, value: Tensor, decay: float, step: Tensor
@@ -63,7 +109,12 @@ class RangeTracker(nn.Module):
 
     @torch.no_grad()
     def update(self, x: Tensor, active: Tensor) -> None:
-        """Fold the min / max of `x` into the averages when `active` (a bool tensor)."""
+        """Fold the min / max of `x` into the averages when `active` (a bool tensor).
+
+        Not while activation checkpointing recomputes the forward in backward: the step has
+        tracked x already, and the recomputation must use the range the forward used."""
+        if in_recomputation():
+            return
         low, high = torch.aminmax(x.detach())
         step = self.iter_count + active.to(self.iter_count.dtype)
         # step 0 only when inactive, where the result is not used: keep the division finite
@@ -99,6 +150,19 @@ def on_tracked_grid(x: Tensor, tracker: RangeTracker, num_bits: int,
     return fake_quantize_ste(x, scale, zero_point, num_bits, mode, (low, high))
 
 
+def tracked_grid_parts(x: Tensor, tracker: RangeTracker, num_bits: int,
+                       mode: LinearQuantMode) -> GridParts:
+    """`on_tracked_grid` computed in full, without autograd: output (bitwise the same), codes
+    and the range where the clamp passes the gradient."""
+    low, high = tracked_clip_range(tracker, mode)
+    scale, zero_point = range_qparams(low, high, num_bits, mode)
+    qmin, qmax = quantized_range(num_bits, mode)
+    low, high = clip_bounds(x, (low, high))
+    q = quantize_clamped_(torch.clamp(x, low, high), scale, zero_point, qmin, qmax)
+    codes = q.to(code_dtype(qmin, qmax))
+    return GridParts(q.add_(zero_point).div_(scale), codes, zero_point, scale, low, high)
+
+
 class FakeLinearQuantization(nn.Module):
     """Fake-quantize activations to their EMA-tracked range (Distiller's FakeLinearQuantization).
 
@@ -130,6 +194,12 @@ class FakeLinearQuantization(nn.Module):
     def on_grid(self, x: Tensor) -> Tensor:
         """x on the grid of the tracked range as it is now (nothing tracked)."""
         return on_tracked_grid(x, self.tracker, self.num_bits, self.mode)
+
+    def grid_parts(self, x: Tensor, active: Tensor) -> GridParts:
+        """`forward` computed in full for the compact path (range tracked in training)."""
+        if self.training:
+            self.tracker.update(x, active)
+        return tracked_grid_parts(x, self.tracker, self.num_bits, self.mode)
 
     def output_range(self) -> tuple[float, float]:
         """The (min, max) the quantized outputs span, for statistics."""
@@ -184,6 +254,14 @@ class InputGrid:
         assert self.own is not None
         return on_tracked_grid(x, *self.own)
 
+    def parts(self, x: Tensor) -> GridParts:
+        """`x` on the grid, computed in full for the compact path."""
+        if self.producer is not None:
+            producer = self.producer
+            return tracked_grid_parts(x, producer.tracker, producer.num_bits, producer.mode)
+        assert self.own is not None
+        return tracked_grid_parts(x, *self.own)
+
     def __repr__(self) -> str:
         """Which grid."""
         return "InputGrid(producer)" if self.producer is not None else "InputGrid(own range)"
@@ -208,15 +286,20 @@ class QATWrapper(nn.Module):
         self.register_buffer("enabled", torch.ones((), dtype=torch.bool))
         # the grids inputs are quantized to, as in the int8 model (set by the quantizer's plan)
         self.input_grids: list[InputGrid | None] = []
+        self.compact_save = True  # keep codes and bit masks for backward (same gradients)
 
-    def quantize_inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Track the inputs' ranges (training), then put them on their grids while enabled."""
-        active = self.enabled
+    def _track_inputs(self, inputs: tuple[Any, ...]) -> None:
+        """Track the inputs' ranges (training)."""
         if self.training:
             # measured before the module runs: in-place modules overwrite their input
             for tracker, value in zip(self.input_ranges, inputs, strict=False):
                 if isinstance(value, Tensor) and value.is_floating_point() and value.numel():
-                    tracker.update(value, active)
+                    tracker.update(value, self.enabled)
+
+    def quantize_inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Track the inputs' ranges (training), then put them on their grids while enabled."""
+        active = self.enabled
+        self._track_inputs(inputs)
         if not self.input_grids:
             return inputs
         gridded = []
@@ -256,10 +339,57 @@ class QATWrapper(nn.Module):
 
     def forward(self, *inputs: Any) -> Any:
         """The wrapped module on fake-quantized parameters, its output fake-quantized."""
+        if compact_now(self, inputs):
+            return self._compact_forward(inputs)
         inputs = self.quantize_inputs(inputs)
         params = self.effective_params()
         out = functional_call(self.wrapped, params, inputs) if params else self.wrapped(*inputs)
         return self.quantize_output(out)
+
+    # --- the compact path: quantization enabled, autograd recording (see compact.py)
+    def compact_inputs(self, inputs: tuple[Any, ...]) -> tuple[Any, ...]:
+        """`quantize_inputs` while enabled, each gridded input carrying its codes."""
+        self._track_inputs(inputs)
+        gridded = []
+        for index, value in enumerate(inputs):
+            grid = self.input_grids[index] if index < len(self.input_grids) else None
+            if grid is not None and value.is_floating_point():
+                value = masked_quantize(value, grid.parts)
+            gridded.append(value)
+        return tuple(gridded)
+
+    def compact_layer(self, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """The wrapped conv / linear layer on x with this weight and bias (x kept as codes)."""
+        wrapped = self.wrapped
+        if wrapped._forward_hooks or wrapped._forward_pre_hooks:  # run as a module call
+            params = {"weight": weight} if bias is None else {"weight": weight, "bias": bias}
+            return functional_call(wrapped, params, (x,))
+        return layer_on_codes(wrapped, x, weight, bias)
+
+    def compact_output(self, out: Tensor, activation: nn.Module | None = None) -> Tensor:
+        """activation(out) fake-quantized while enabled, one bit kept per element."""
+        quant = self.output_quant
+        if quant is None or not hasattr(quant, "grid_parts") or not fusable_activation(activation):
+            return self.quantize_output(activation(out) if activation is not None else out)
+        active = self.enabled
+        alpha = getattr(quant, "clip_val", None)
+        return masked_quantize(out, lambda value: quant.grid_parts(value, active), activation,
+                               alpha if isinstance(alpha, Tensor) else None)
+
+    def _compact_forward(self, inputs: tuple[Any, ...]) -> Any:
+        """`forward` while enabled, keeping codes and masks for backward."""
+        inputs = self.compact_inputs(inputs)
+        wrapped = self.wrapped
+        if isinstance(wrapped, PARAM_LAYERS) and len(inputs) == 1:
+            params = self.effective_params()
+            out = self.compact_layer(inputs[0], params.get("weight", wrapped.weight),
+                                     params.get("bias", wrapped.bias))
+            return self.compact_output(out)
+        if (self.output_quant is not None and len(inputs) == 1
+                and not wrapped._forward_hooks and not wrapped._forward_pre_hooks
+                and fusable_activation(wrapped)):
+            return self.compact_output(inputs[0], activation=wrapped)  # a quantized ReLU
+        return self.compact_output(wrapped(*inputs))
 
     def quantize_output(self, out: Tensor) -> Tensor:
         """The output fake-quantized while enabled; else its range tracked (training)."""
@@ -279,10 +409,14 @@ class InputQuantizer(nn.Module):
         super().__init__()
         self.quant = quant
         self.register_buffer("enabled", torch.ones((), dtype=torch.bool))
+        self.compact_save = True
 
     def pre_hook(self, _: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
         """The model's arguments with the first one fake-quantized."""
         if not args or not isinstance(args[0], Tensor) or not args[0].is_floating_point():
             return None
         x = args[0]
+        if compact_now(self, (x,)):  # the first layer keeps the codes of its input
+            return (masked_quantize(x, lambda t: self.quant.grid_parts(t, self.enabled)),
+                    *args[1:])
         return (where_enabled(self.enabled, lambda: self.quant(x, self.enabled), x), *args[1:])

@@ -62,7 +62,8 @@ __all__ = [
     "DEFAULT_EMA_DECAY", "INPUTS_QUANT_NAME", "update_ema", "range_qparams", "RangeTracker",
     "FakeLinearQuantization", "LinearWeightQuant", "QATWrapper", "InputQuantizer",
     "QATQuantizer", "QuantAwareTrainRangeLinearQuantizer", "is_qat_prepared",
-    "quantizer_parameter_names", "set_qat_enabled", "qat_to_float", "unprepare",
+    "quantizer_parameter_names", "set_qat_enabled", "set_compact_save", "qat_to_float",
+    "unprepare",
 ]
 
 INPUTS_QUANT_NAME = "inputs_quant"  # Distiller's attribute for the model-input quantizer
@@ -165,6 +166,14 @@ def set_qat_enabled(model: nn.Module, enabled: bool) -> None:
             module.enabled.fill_(bool(enabled))
 
 
+def set_compact_save(model: nn.Module, compact: bool) -> None:
+    """Keep integer codes and bit masks for backward (the default), or torch's own float
+    tensors (for debugging: the gradients are bitwise the same either way)."""
+    for module in unwrap_model(model).modules():
+        if isinstance(module, (QATWrapper, InputQuantizer)):
+            module.compact_save = bool(compact)
+
+
 class QATQuantizer:
     """Base of Distiller's QAT quantizers: plan the wrappers from settings, wrap, describe.
 
@@ -184,6 +193,9 @@ class QATQuantizer:
 
     def __init__(self, settings: QuantSettings) -> None:
         self.settings = settings
+        # what backward keeps: codes and bit masks, or (False, for debugging) float tensors;
+        # no part of the recipe, as it changes no number
+        self.compact_save = True
 
     # --- what subclasses define
     def extra_args(self) -> dict[str, Any]:
@@ -262,6 +274,7 @@ class QATQuantizer:
             if quant is not None:
                 setattr(target, INPUTS_QUANT_NAME, InputQuantizer(quant))
                 target.register_forward_pre_hook(getattr(target, INPUTS_QUANT_NAME).pre_hook)
+        set_compact_save(target, self.compact_save)
         return self.param_groups(target)
 
     def _check_prepared(self, model: nn.Module, existing: Mapping[str, QATWrapper]) -> None:
