@@ -66,8 +66,9 @@ def test_recompute_trains_exactly_as_plain(arch: str) -> None:
     diff = training_divergence(plain, variant, x, steps=2)
     diff.pop("grad_scale")
     # outputs, input and parameter gradients, parameters and BN running_mean / running_var /
-    # num_batches_tracked (a double update would show here) after each of two SGD steps
-    assert max(diff.values()) <= 1e-6, diff
+    # num_batches_tracked (a double update would show here) after each of two SGD steps:
+    # bit for bit, since a recomputation runs the very same kernels on the very same values
+    assert diff == dict.fromkeys(diff, 0.0), diff
     assert all(int(b) == 2 for name, b in variant.named_buffers()
                if name.endswith("num_batches_tracked"))
     assert measure_saved_bytes(variant, x).saved_bytes < measure_saved_bytes(
@@ -87,7 +88,7 @@ def test_float64_exactness_over_three_steps(arch: str) -> None:
     variant = apply_memory_variant(copy.deepcopy(plain), get_arch_spec(arch), "recompute")
     diff = training_divergence(plain, variant, x, steps=3)
     diff.pop("grad_scale")
-    assert max(diff.values()) <= 1e-12, diff
+    assert diff == dict.fromkeys(diff, 0.0), diff
 
 
 def test_densenet_with_dropout_draws_the_same_masks() -> None:
@@ -99,10 +100,10 @@ def test_densenet_with_dropout_draws_the_same_masks() -> None:
     efficient.load_state_dict(plain.state_dict())
     diff = training_divergence(plain, efficient, torch.randn(2, 3, 32, 32), steps=2)
     diff.pop("grad_scale")
-    assert max(diff.values()) <= 1e-6, diff
+    assert diff == dict.fromkeys(diff, 0.0), diff
 
 
-def test_densenet_efficient_saves_under_a_third_and_fixes_torchvisions_double_update() -> None:
+def test_densenet_efficient_keeps_a_sixth_and_fixes_torchvisions_double_update() -> None:
     plain, x = _plain("densenet_bc_100_cifar")
     efficient = apply_memory_variant(copy.deepcopy(plain), get_arch_spec("densenet_bc_100_cifar"),
                                      "recompute")
@@ -113,7 +114,7 @@ def test_densenet_efficient_saves_under_a_third_and_fixes_torchvisions_double_up
     saved = {name: measure_saved_bytes(m, x).saved_bytes
              for name, m in (("plain", plain), ("efficient", efficient),
                              ("torchvision", torchvision_style))}
-    assert saved["efficient"] <= 0.30 * saved["plain"], saved
+    assert saved["efficient"] <= 0.17 * saved["plain"], saved
     assert saved["efficient"] < saved["torchvision"] < saved["plain"], saved
     counts = {name: int(m.features.denseblock1.denselayer1.norm1.num_batches_tracked)
               for name, m in (("plain", plain), ("efficient", efficient),

@@ -48,21 +48,23 @@ def test_variant_keeps_names_and_instance_forwards(arch: str, variant: str) -> N
         assert any(is_checkpointed(m) for m in variant_model.modules())
 
 
-def test_recompute_model_traces_with_fx_as_the_plain_one() -> None:
+@pytest.mark.parametrize("arch,module", [("resnet20_cifar", "layer3.2.conv2"),
+                                         ("densenet_bc_40_cifar", "features.transition2.conv")])
+def test_recompute_model_traces_with_fx_as_the_plain_one(arch: str, module: str) -> None:
     """Pruners trace the model with torch.fx: a recomputing model gives the plain graph."""
-    plain = _build("resnet20_cifar")
-    variant = apply_memory_variant(copy.deepcopy(plain), get_arch_spec("resnet20_cifar"),
-                                   "recompute")
+    plain = _build(arch)
+    variant = apply_memory_variant(copy.deepcopy(plain), get_arch_spec(arch), "recompute")
     targets = [[str(node.target) for node in torch.fx.symbolic_trace(m).graph.nodes
                 if node.op == "call_module"] for m in (plain, variant)]
-    assert targets[0] == targets[1] and "layer3.2.conv2" in targets[0]
+    assert targets[0] == targets[1] and module in targets[0]
 
 
-def test_applying_a_variant_twice_changes_nothing_more() -> None:
-    model = _build("resnet18")
-    apply_memory_variant(model, get_arch_spec("resnet18"), "recompute")
+@pytest.mark.parametrize("arch", ["resnet18", "densenet_bc_40_cifar"])
+def test_applying_a_variant_twice_changes_nothing_more(arch: str) -> None:
+    model = _build(arch)
+    apply_memory_variant(model, get_arch_spec(arch), "recompute")
     again = copy.deepcopy(model)
-    apply_memory_variant(again, get_arch_spec("resnet18"), "recompute")
+    apply_memory_variant(again, get_arch_spec(arch), "recompute")
     assert [type(m) for m in again.modules()] == [type(m) for m in model.modules()]
 
 

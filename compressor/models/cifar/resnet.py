@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from compressor.models.init import kaiming_conv_bn_init_
-from compressor.models.layers.checkpointing import checkpoint_seq
+from compressor.models.layers.checkpointing import checkpoint_stages
 from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.models.layers.inplace_abn import InPlaceABN
 from compressor.models.registry import register_model
@@ -89,13 +89,17 @@ class ResNetCifar(nn.Module):
         return nn.Sequential(*layers)
 
     def set_grad_checkpointing(self, enable: bool = True) -> None:
-        """Recompute each residual block in backward instead of keeping its activations."""
+        """Recompute the residual blocks in backward instead of keeping their activations."""
         self.grad_checkpointing = enable
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.relu(self.bn1(self.conv1(x)))
-        for stage in (self.layer1, self.layer2, self.layer3):
-            x = checkpoint_seq(stage, x) if self.grad_checkpointing else stage(x)
+        stages = (self.layer1, self.layer2, self.layer3)
+        if self.grad_checkpointing:
+            x = checkpoint_stages(stages, x)
+        else:
+            for stage in stages:
+                x = stage(x)
         return self.fc(self.avgpool(x).flatten(1))
 
 
