@@ -16,7 +16,8 @@ measured. `--compile-budget B ...` adds rows for the plain model under torch.com
 (inductor) with torch._functorch.config.activation_memory_budget = B, compiled during the
 warm-up (compile time is not in the step time); a model that fails to compile gets a row
 that says so. `--auto-budget-fraction F` runs `--memory-efficient auto`'s choice per model
-at F x the plain model's peak (as auto measures it) and prints the chosen setting, its peak and
+at a budget of the weights, gradients and momentum plus F x the plain model's activation peak
+(the part a variant can save; as auto measures it) and prints the chosen setting, its peak and
 step time next to the fastest hand-chosen variant whose peak fits (target: within 1.1x of its
 step time; times from the table's interleaved repeats, a combination timed alike after them).
 Never run by the tests.
@@ -96,9 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile-backend", default="inductor",
                         help="torch.compile backend of the compile rows")
     parser.add_argument("--auto-budget-fraction", type=float, default=None, metavar="F",
-                        help="also run --memory-efficient auto at F x the plain peak per model "
-                             "and compare its choice with the fastest hand-chosen variant that "
-                             "fits")
+                        help="also run --memory-efficient auto at weights + F x the plain "
+                             "activation peak and compare its choice with the fastest "
+                             "hand-chosen variant that fits")
     args = parser.parse_args(argv)
     if args.compile_budget == [] and "--compile-budget" in (argv or sys.argv[1:]):
         args.compile_budget = [1.0]
@@ -358,8 +359,15 @@ def auto_line(arch: str, rows: list[dict], args: argparse.Namespace,
     model = create_model(arch, spec.default_dataset).to(device)
     measured = measure_candidates(model, spec, _batch(arch, args))
     peaks = {m.label: m.peak_bytes for m in measured}
-    budget = int(args.auto_budget_fraction * (peaks["plain"] or 0))
-    head = f"auto at {args.auto_budget_fraction:g} x plain peak ({_mib(budget)} MiB)"
+    # the budget halves what a variant can save, the activations: weights, gradients and
+    # momentum (the plain total peak less its activation peak) are the same for every variant
+    activations = next((row["peak"] for row in rows
+                        if row.get("variant") == "plain" and row.get("peak")), None)
+    total = peaks["plain"] or 0
+    fixed = total - activations if activations else 0
+    budget = int(fixed + args.auto_budget_fraction * (activations or total))
+    head = (f"auto at weights + {args.auto_budget_fraction:g} x plain activation peak "
+            f"({_mib(budget)} MiB)")
     try:
         chosen = choose_memory_variant(measured, budget, arch=arch,
                                        batch_size=_batch(arch, args)).chosen
