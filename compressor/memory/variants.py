@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 __all__ = ["MEMORY_VARIANTS", "apply_memory_variant", "supported_variants"]
 
 # "recompute": activation checkpointing of the registry's checkpoint_blocks (for DenseNets,
-# the efficient bottleneck recomputation); "inplace-abn": BN + activation fused in place.
+# the efficient DenseNet, which keeps only the convolutions' outputs); "inplace-abn": BN +
+# activation fused in place.
 MEMORY_VARIANTS = ("recompute", "inplace-abn")
 
 

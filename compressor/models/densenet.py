@@ -2,10 +2,11 @@
 
 Built from torchvision's DenseNet, so module and parameter names are torchvision's
 (features.denseblock1.denselayer1.conv1.weight ...). `small_inputs` replaces the 7x7/2
-stem and its max-pool by one 3x3 convolution, as for CIFAR. The efficient DenseNet (each
-dense layer's bottleneck recomputed in backward, exactly) is the framework's
-`--memory-efficient recompute` variant (compressor.memory.dense), not a builder attribute;
-checkpoints that recorded the former `efficient: True` attribute load as that variant.
+stem and its max-pool by one 3x3 convolution, as for CIFAR. The efficient DenseNet (only
+each dense layer's two convolution outputs kept, the concatenations, batch norms and ReLUs
+recomputed in backward, exactly) is the framework's `--memory-efficient recompute` variant
+(compressor.memory.dense), not a builder attribute; checkpoints that recorded the former
+`efficient: True` attribute load as that variant.
 """
 
 from __future__ import annotations
