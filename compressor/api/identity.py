@@ -21,6 +21,7 @@ from compressor.models.description import (
     description_of,
     unwrap_model,
 )
+from compressor.models.probe import probe_forward
 from compressor.training.losses import main_logits
 from compressor.utils.dataset_table import FOLDER
 from compressor.utils.errors import UsageError
@@ -77,19 +78,13 @@ def model_device(model: nn.Module) -> torch.device:
 
 def _num_classes(model: nn.Module, batch: Tensor, what: str) -> int:
     """The model's output count, from one eval-mode forward of one example (modes restored)."""
-    modes = {module: module.training for module in model.modules()}
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            output = model.eval()(batch[:1].to(model_device(model)))
-        logits = main_logits(output)
+        logits = main_logits(probe_forward(model, batch[:1].to(model_device(model))))
     except Exception as exc:  # noqa: BLE001 - the user's forward: theirs to fix
         detail = " ".join(str(exc).split())[:200]
         raise UsageError(f"{what}: the model's forward fails on example_inputs of shape "
                          f"{list(batch.shape)} ({type(exc).__name__}: {detail}); "
                          f"{_EXAMPLE_FIX}") from None
-    finally:
-        for module, training in modes.items():
-            module.training = training
     if logits.dim() != 2:
         raise UsageError(f"{what}: the model outputs shape {list(logits.shape)}, not (batch, "
                          "classes); compressor compresses classifiers that return logits")

@@ -23,6 +23,7 @@ from compressor.memory.recipe import MemoryVariantTransform
 from compressor.models.description import ModelDescription
 from compressor.models.factory import get_arch_spec
 from compressor.models.pretrained import PretrainedSource, pretrained_source
+from compressor.models.probe import probe_forward
 from compressor.models.registry import ArchSpec
 from compressor.models.sources import is_code_reference
 from compressor.training.checkpoint import load_checkpoint, read_description
@@ -208,18 +209,14 @@ def _check_takes_input(model: nn.Module, resolved: ResolvedModel) -> None:
         return
     if tuple(size) == tuple(own):
         return
-    was_training = model.training
+    device = next(model.parameters(), torch.empty(0)).device
     try:
-        with torch.no_grad():
-            device = next(model.parameters(), torch.empty(0)).device
-            model.eval()(torch.zeros(1, *size, device=device))
+        probe_forward(model, torch.zeros(1, *size, device=device))
     except (RuntimeError, ValueError) as exc:
         detail = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         shown = "x".join(str(d) for d in size)
         raise UsageError(f"{description.arch} cannot take a {shown} input ({detail}); pass its "
                          f"own --input-size {','.join(str(d) for d in own)}, or another") from None
-    finally:
-        model.train(was_training)
 
 
 def build_resolved_model(resolved: ResolvedModel) -> nn.Module:

@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compressor.models.probe import probe_forward
 from compressor.models.registry import ArchSpec
 from compressor.utils.dataset_table import DATASET_INPUT_SPECS
 from compressor.utils.errors import UsageError
@@ -234,17 +235,12 @@ def _dummy_forward(model: nn.Module, spec: InputSpec, call: str, num_classes: in
                    takes_num_classes: bool, files: tuple[str, ...]) -> None:
     """One eval-mode forward of a 1 x C x H x W input: the model fits the run, or one line."""
     size = "x".join(str(side) for side in spec.input_size)
-    modes = {module: module.training for module in model.modules()}
     try:
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            output = model.eval()(torch.zeros(1, *spec.input_size))
+        output = probe_forward(model, torch.zeros(1, *spec.input_size))
     except (Exception, SystemExit) as exc:  # noqa: BLE001 - the user's forward: theirs to fix
         raise _failure(f"the forward of {call} on a 1x{size} input", exc, files,
                        "fix the model, or give the input it takes with --input-size C,H,W "
                        "(or --dataset)") from None
-    finally:
-        for module, training in modes.items():
-            module.training = training
     logits = _logits(output)
     if not isinstance(logits, Tensor):
         raise UsageError(f"the forward of {call} returns an object of type "
