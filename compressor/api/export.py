@@ -4,7 +4,6 @@ checked in ONNX Runtime before the file is written (the [onnx] extra); the comma
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 from pathlib import Path
@@ -14,29 +13,18 @@ import torch
 from torch import nn
 
 from compressor.api.identity import ensure_described, input_batch
-from compressor.export.onnx import ONNX_EXTRA_MODULES
 from compressor.export.onnx import export_onnx as export_checked
+from compressor.export.onnx import require_onnx
 from compressor.export.qdq import check_qdq_exportable, qdq_form
 from compressor.models.description import description_of, stored_form
 from compressor.quantization import QuantizationError, check_convertible
 from compressor.quantization.recipe import int8_model, quantization_kind
-from compressor.utils.errors import UsageError
 
 __all__ = ["export_onnx", "export_model", "check_exportable", "INT8_BACKEND"]
 
 INT8_BACKEND = "auto"  # the kernels a QDQ export is compared with
 SAMPLE_BATCH = 8  # random inputs a described model is checked on when none are given
 LOG = logging.getLogger("compressor")
-
-
-def _require_onnx() -> None:
-    """Import the [onnx] extra's modules, or say in one line how to install them."""
-    for name in ONNX_EXTRA_MODULES:
-        try:
-            importlib.import_module(name)
-        except ImportError as exc:
-            raise UsageError(f"export_onnx needs the 'onnx' extra ({name} cannot be imported: "
-                             f"{exc}); install it with: pip install -e '.[onnx]'") from None
 
 
 def check_exportable(model: nn.Module) -> None:
@@ -84,7 +72,7 @@ def export_onnx(model: nn.Module, path: str | os.PathLike[str],
         The export record: file, bytes, sha256, opset, inputs and outputs, preprocessing, and
         the check's largest difference.
     """
-    _require_onnx()
+    require_onnx("export_onnx")
     description = ensure_described(model, example_inputs, "export_onnx")
     check_exportable(model)
     if example_inputs is not None:

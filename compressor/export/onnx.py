@@ -88,15 +88,16 @@ TOLERANCES: MappingProxyType[str, Tolerance] = MappingProxyType({
     "qdq": Tolerance(atol=1e-3, rtol=0.05)})
 
 
-def require_onnx() -> tuple[ModuleType, ModuleType]:
-    """Import onnx and onnxruntime (and check onnxscript), or say which extra to install."""
+def require_onnx(needed_by: str = "--export-onnx") -> tuple[ModuleType, ModuleType]:
+    """Import onnx and onnxruntime (and check onnxscript), or say in one line that `needed_by`
+    (a flag or a function) needs the extra, and how to install it."""
     modules = {}
     for name in ONNX_EXTRA_MODULES:
         try:
             modules[name] = importlib.import_module(name)
         except ImportError as exc:
             raise UsageError(
-                f"--export-onnx needs the 'onnx' extra ({name} cannot be imported: {exc}); "
+                f"{needed_by} needs the 'onnx' extra ({name} cannot be imported: {exc}); "
                 "install it with: pip install -e '.[onnx]'") from None
     return modules["onnx"], modules["onnxruntime"]
 
