@@ -15,9 +15,9 @@ from typing import Any
 from torch import nn
 
 from compressor.api.identity import ensure_described, model_device
-from compressor.budget import Budget, BudgetSearch, LatencySetting, figures
+from compressor.budget import Budget, BudgetSearch, LatencySetting
 from compressor.budget.groups import mask_group_filters
-from compressor.budget.measure import relative_latencies
+from compressor.budget.measure import search_measures
 from compressor.quantization.recipe import quantization_kind
 from compressor.thinning.transform import probe_batch
 from compressor.thinning.transform import thin as thin_in_place
@@ -75,24 +75,6 @@ def _scored(evaluate_fn: EvaluateFn) -> EvaluateFn:
     return score
 
 
-def _measure_fns(dense: nn.Module, setting: LatencySetting | None) -> tuple[Any, Any]:
-    """The search's figures (latency relative to the dense model, timed beside it) and its
-    function timing several candidates together (None without a latency budget)."""
-    def measure(model: nn.Module, quantities: tuple[str, ...],
-                dense_figures: Mapping[str, float] | None) -> dict[str, float]:
-        reference = None
-        if dense_figures is not None and "latency" in dense_figures and model is not dense:
-            reference = (dense, float(dense_figures["latency"]))
-        return figures(model, quantities, setting, reference)
-
-    def measure_latencies(models: list[nn.Module], dense_figures: Mapping[str, float]
-                          ) -> list[float]:
-        assert setting is not None
-        return relative_latencies(models, setting, (dense, float(dense_figures["latency"])))
-
-    return measure, measure_latencies if setting is not None else None
-
-
 def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: EvaluateFn, *,
                        macs: float | None = None, params: float | None = None,
                        latency: float | None = None, size: float | None = None,
@@ -133,7 +115,7 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
     dense = copy.deepcopy(model)
     setting = (LatencySetting(device=str(model_device(dense))) if "latency" in targets
                else None)
-    measure, measure_latencies = _measure_fns(dense, setting)
+    measure, measure_latencies = search_measures(dense, setting)
     search = BudgetSearch(dense, probe_batch(dense, 1), Budget(targets, min_keep=min_keep),
                           score, measure, measure_latencies=measure_latencies)
     result = search.run()

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -16,7 +17,7 @@ from compressor.models.description import description_of
 from compressor.reports.metrics import count_macs, model_file_bytes
 
 __all__ = ["QUANTITIES", "LatencySetting", "measure_latencies", "measure_latency",
-           "relative_latencies", "figures"]
+           "relative_latencies", "figures", "search_measures"]
 
 # budgeted quantity -> the figure measured for it
 QUANTITIES = ("macs", "params", "latency", "size")
@@ -141,3 +142,43 @@ def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetti
         else:
             raise ValueError(f"unknown budget quantity {quantity!r}")
     return measured
+
+
+SearchMeasure = Callable[[nn.Module, tuple[str, ...], Mapping[str, float] | None],
+                         dict[str, float]]
+SearchLatencies = Callable[[list[nn.Module], Mapping[str, float]], list[float]]
+
+
+def _run_here(time_it: Callable[[], Any]) -> Any:
+    return time_it()
+
+
+def search_measures(dense: nn.Module, latency: LatencySetting | None, *,
+                    size_scale: float = 1.0,
+                    timed: Callable[[Callable[[], Any]], Any] = _run_here
+                    ) -> tuple[SearchMeasure, SearchLatencies | None]:
+    """The budget search's two measuring functions for `dense`: one model's figures (latency
+    relative to the dense model's recorded figure, timed beside it; a candidate's size scaled
+    by `size_scale`), and several candidates' latencies timed together (None without a latency
+    setting). `timed` runs each timing (under torchrun: on one rank, shared with the others)."""
+    def measure(model: nn.Module, quantities: tuple[str, ...],
+                dense_figures: Mapping[str, float] | None) -> dict[str, float]:
+        measured = figures(model, tuple(q for q in quantities if q != "latency"), None)
+        if "latency" in quantities:
+            reference = None
+            if dense_figures is not None and "latency" in dense_figures:
+                reference = (dense, float(dense_figures["latency"]))
+            timing = timed(lambda: figures(model, ("latency",), latency, reference))
+            measured["latency"] = float(timing["latency"])
+        if "size" in measured and model is not dense:
+            measured["size"] *= size_scale
+        return {quantity: measured[quantity] for quantity in quantities}  # in the asked order
+
+    def measure_latencies(models: list[nn.Module], dense_figures: Mapping[str, float]
+                          ) -> list[float]:
+        assert latency is not None
+        reference = (dense, float(dense_figures["latency"]))
+        timings = timed(lambda: relative_latencies(models, latency, reference))
+        return [float(seconds) for seconds in timings]
+
+    return measure, (measure_latencies if latency is not None else None)

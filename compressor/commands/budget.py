@@ -24,7 +24,7 @@ from torch.utils.data import Subset
 from compressor.assembly.setup import RunSetup
 from compressor.assembly.state import assemble_checkpoint
 from compressor.budget.groups import ChannelGroup
-from compressor.budget.measure import LatencySetting, figures, relative_latencies
+from compressor.budget.measure import LatencySetting, search_measures
 from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
 from compressor.budget.search import STATE_VERSION, Budget, BudgetSearch
 from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
@@ -175,47 +175,6 @@ def _timed_by_rank0(time_it: Callable[[], Any]) -> Any:
     return broadcast_object(time_it() if rank() == 0 else None)
 
 
-def _figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetting | None,
-             reference: tuple[nn.Module, float] | None) -> dict[str, float]:
-    """Figures on every rank; latency timed by rank 0 alone (_timed_by_rank0)."""
-    others = tuple(q for q in quantities if q != "latency")
-    measured = figures(model, others, None)
-    if "latency" in quantities:
-        timed = _timed_by_rank0(lambda: figures(model, ("latency",), latency, reference))
-        measured["latency"] = float(timed["latency"])
-    return measured
-
-
-def _measure_fn(dense: nn.Module, latency: LatencySetting | None, size_scale: float
-                ) -> Callable[[nn.Module, tuple[str, ...], Mapping[str, float] | None],
-                              dict[str, float]]:
-    def measure(model: nn.Module, quantities: tuple[str, ...],
-                dense_figures: Mapping[str, float] | None) -> dict[str, float]:
-        reference = None
-        if dense_figures is not None and "latency" in dense_figures:
-            reference = (dense, float(dense_figures["latency"]))
-        measured = _figures(model, quantities, latency, reference)
-        if "size" in measured and model is not dense:
-            measured["size"] *= size_scale
-        return measured
-    return measure
-
-
-def _latencies_fn(dense: nn.Module, latency: LatencySetting | None
-                  ) -> Callable[[list[nn.Module], Mapping[str, float]], list[float]] | None:
-    """Several models' latencies timed together with the dense model, by rank 0 alone
-    (_timed_by_rank0)."""
-    if latency is None:
-        return None
-
-    def measure_latencies(models: list[nn.Module], dense_figures: Mapping[str, float]
-                          ) -> list[float]:
-        reference = (dense, float(dense_figures["latency"]))
-        timed = _timed_by_rank0(lambda: relative_latencies(models, latency, reference))
-        return [float(seconds) for seconds in timed]
-    return measure_latencies
-
-
 def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Module,
                     data: DatasetSplits, state: dict[str, Any]) -> BudgetSearch:
     """The search over `model`, its groups found (or refused, in one line) before any file is
@@ -228,9 +187,10 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
     def validate(candidate: nn.Module) -> Mapping[str, float]:
         return score(inference_copy(candidate))  # frozen while scored: the faster form
 
+    measure, measure_latencies = search_measures(model, latency, size_scale=size_scale,
+                                                 timed=_timed_by_rank0)
     return BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"]), validate,
-                        _measure_fn(model, latency, size_scale), state=state,
-                        measure_latencies=_latencies_fn(model, latency))
+                        measure, state=state, measure_latencies=measure_latencies)
 
 
 def _search(search: BudgetSearch, run: BudgetRun, ctx: DistContext, model: nn.Module,
@@ -426,14 +386,15 @@ def _final_figures(state: Mapping[str, Any], model: nn.Module, results: Mapping[
     """The final model's budgeted figures; latency timed in alternation with the dense model,
     FINAL_TIMING_FACTOR times as long as a search timing (the evidence of budget.json)."""
     device = next(model.parameters()).device
-    latency, reference = _latency_setting(state, device), None
-    quantities = tuple(sorted(state["targets"]))
+    latency = _latency_setting(state, device)
+    dense, dense_figures = model, None  # the dense model is needed only to time beside it
     if latency is not None:
         latency = replace(latency, repeats=FINAL_TIMING_FACTOR * latency.repeats,
                           min_seconds=FINAL_TIMING_FACTOR * latency.min_seconds)
-        reference = (_rebuild_dense(state["dense_source"], device),
-                     float(state["dense_figures"]["latency"]))
-    measured = _figures(model, quantities, latency, reference)
+        dense = _rebuild_dense(state["dense_source"], device)
+        dense_figures = {"latency": float(state["dense_figures"]["latency"])}
+    measure, _ = search_measures(dense, latency, timed=_timed_by_rank0)
+    measured = measure(model, tuple(sorted(state["targets"])), dense_figures)
     if "size" in measured:
         quantized_size = results.get("quantized_model_file_size")
         measured["size"] = float(quantized_size if quantized_size is not None
