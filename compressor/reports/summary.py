@@ -66,7 +66,7 @@ def compute_table(model: nn.Module) -> str:
     size = "x".join(map(str, description_of(model).input_spec.input_size))
     headers = ["Name", "Type", "IFM (CxHxW)", "OFM (CxHxW)", "Weights", "MACs"]
     table = tabulate(rows, headers=headers, tablefmt="psql", intfmt=",")
-    return f"{table}\nTotal MACs at input {size}: {total_macs:,}"
+    return f"{table}\nTotal MACs at input {size}: {integer(total_macs)}"
 
 
 def model_table(model: nn.Module) -> str:
@@ -77,12 +77,12 @@ def model_table(model: nn.Module) -> str:
         ["arch", description.arch],
         ["dataset", description.dataset],
         ["input size", "x".join(map(str, description.input_spec.input_size))],
-        ["parameters", f"{metrics['params']:,}"],
-        ["non-zero parameters", f"{metrics['nonzero_params']:,}"],
+        ["parameters", integer(metrics["params"])],
+        ["non-zero parameters", integer(metrics["nonzero_params"])],
         ["weight sparsity (%)", _pct(metrics["sparsity"])],
-        ["MACs", f"{metrics['macs']:,}"],
-        ["model file size (bytes)", f"{metrics['model_file_size']:,}"],
-        ["compressed file size (bytes)", f"{metrics['model_file_size_compressed']:,}"],
+        ["MACs", integer(metrics["macs"])],
+        ["model file size (bytes)", integer(metrics["model_file_size"])],
+        ["compressed file size (bytes)", integer(metrics["model_file_size_compressed"])],
     ]
     table = tabulate(rows, tablefmt="psql", disable_numparse=True)  # "0.00" % stays "0.00"
     return f"{model}\n{table}"
