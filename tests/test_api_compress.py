@@ -4,6 +4,7 @@ compress_to_budget, DistillationLoss, export_onnx, evaluate, and their one-line 
 from __future__ import annotations
 
 import copy
+import re
 import sys
 from pathlib import Path
 
@@ -68,6 +69,19 @@ def test_evaluate_reports_the_clis_metrics(digits: dict) -> None:
     scores = cz.evaluate(digits["model"], digits["test"])
     assert scores["samples"] == 360 and scores["top1"] > 60 and "top5" in scores
     assert scores["loss"] > 0
+
+
+@pytest.mark.parametrize("loader,fragment", [
+    (5, "the loader is of type int, not an iterable of batches"),
+    ([], "the loader is empty"),
+    ([1, 2], "batch 0 of the loader is of type int, not an (inputs, targets) pair"),
+    ([(torch.zeros(2, 1, 8, 8),)], "batch 0 of the loader is a tuple of 1 items"),
+    ([{"image": torch.zeros(2, 1, 8, 8)}], "batch 0 of the loader is of type dict")])
+def test_evaluate_refuses_a_loader_of_other_things_in_one_line(digits: dict, loader: object,
+                                                               fragment: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(fragment)) as info:
+        cz.evaluate(digits["model"], loader)
+    assert "\n" not in str(info.value)
 
 
 def test_thin_removes_zeroed_filters_exactly(digits: dict) -> None:

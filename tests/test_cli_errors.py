@@ -71,6 +71,19 @@ def test_truncated_and_corrupted_checkpoints(trained: Path, tmp_path: Path) -> N
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("content,fragment", [
+    (b"", "is empty"),
+    (b"pruners:\n  p1:\n    class: AutomatedGradualPruner\n", "is not a PyTorch checkpoint"),
+    (b"\x89PNG\r\n\x1a\n" + bytes(64), "is not a PyTorch checkpoint")])
+def test_a_file_of_another_kind_is_named_as_such(tmp_path: Path, content: bytes,
+                                                 fragment: str) -> None:
+    given = tmp_path / "given.pth.tar"
+    given.write_bytes(content)
+    result = run_main("--resume-from", str(given), "-e", "-o", str(tmp_path / "out"))
+    assert_user_error(result, str(given), fragment)
+    assert given.read_bytes() == content and not (tmp_path / "out").exists()
+
+
 def test_checkpoint_of_another_arch(trained: Path, tmp_path: Path) -> None:
     result = run_main("-a", "resnet20_cifar", "--resume-from",
                       str(trained / "checkpoint.pth.tar"), "-e", "-o", str(tmp_path))

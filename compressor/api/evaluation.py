@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from compressor.api.identity import check_module, model_device
 from compressor.training.loop import evaluate as evaluate_loop
+from compressor.utils.errors import UsageError
 
 __all__ = ["evaluate"]
 
@@ -29,4 +30,27 @@ def evaluate(model: nn.Module, loader: Iterable[Any],
     """
     check_module(model, "evaluate")
     where = torch.device(device) if device is not None else model_device(model)
-    return evaluate_loop(model, loader, where, desc="evaluate")
+    return evaluate_loop(model, _checked_batches(loader), where, desc="evaluate")
+
+
+def _checked_batches(loader: Iterable[Any]) -> Iterator[tuple[Tensor, Tensor]]:
+    """`loader`'s batches, each checked to be an (inputs, targets) pair of tensors."""
+    try:
+        batches = iter(loader)
+    except TypeError:
+        raise UsageError(f"evaluate: the loader is of type {type(loader).__name__}, not an "
+                         "iterable of batches; pass a DataLoader or a list of (inputs, "
+                         "targets) batches") from None
+    count = 0
+    for batch in batches:
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2
+                and all(isinstance(part, Tensor) for part in batch)):
+            shown = (f"a {type(batch).__name__} of {len(batch)} items"
+                     if isinstance(batch, (tuple, list)) else f"of type {type(batch).__name__}")
+            raise UsageError(f"evaluate: batch {count} of the loader is {shown}, not an "
+                             "(inputs, targets) pair of tensors; give a loader of labelled "
+                             "batches, as a DataLoader over an ImageFolder yields")
+        count += 1
+        yield batch[0], batch[1]
+    if count == 0:
+        raise UsageError("evaluate: the loader is empty; give it the held-out batches")

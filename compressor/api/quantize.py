@@ -148,9 +148,9 @@ def _first_batch(loader: Any) -> Any:
         raise UsageError("quantize_int8: the calibration loader is empty; give it batches of "
                          "the training data") from None
     except TypeError:
-        raise UsageError(f"quantize_int8: the calibration loader is a {type(loader).__name__}, "
-                         "not an iterable of batches; pass a DataLoader or a list of "
-                         "batches") from None
+        raise UsageError("quantize_int8: the calibration loader is of type "
+                         f"{type(loader).__name__}, not an iterable of batches; pass a "
+                         "DataLoader or a list of batches") from None
 
 
 def quantize_int8(model: nn.Module, calibration_loader: Iterable[Any], *, mode: str = "sym",

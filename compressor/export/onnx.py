@@ -190,7 +190,7 @@ def _run_checks(onnx: ModuleType, ort: ModuleType, data: bytes, sample: Tensor,
 
 def _check_destination(path: Path) -> None:
     if path.is_dir():
-        raise UsageError(f"--export-onnx {path} is a directory; give a file name, e.g. "
+        raise UsageError(f"the ONNX destination {path} is a directory; give a file name, e.g. "
                          f"{path / 'model.onnx'}")
 
 

@@ -36,6 +36,9 @@ REQUIRED_KEYS = ("format_version", "arch", "dataset", "num_classes", "model_attr
                  "state_dict")
 CHECKPOINT_NAME = "checkpoint.pth.tar"
 BEST_NAME = "best.pth.tar"
+# the first bytes of what torch.save writes: a zip archive, or (the legacy format) a pickle of
+# protocol 2 or later, which opens with the PROTO opcode
+TORCH_SAVE_HEADS = (b"PK\x03\x04", b"\x80")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -56,6 +59,21 @@ def save_run_checkpoint(run_dir: Path, state: Mapping[str, Any], is_best: bool) 
         atomic_write(run_dir / BEST_NAME, copy)
 
 
+def _check_serialized(path: Path) -> None:
+    """Refuse a file that is not in either of torch.save's formats (a zip archive, or a pickle
+    of protocol 2 or later for the legacy format): a schedule, an image, an ONNX file given
+    where a checkpoint belongs is named as such, not as a damaged checkpoint."""
+    with path.open("rb") as stream:
+        head = stream.read(len(TORCH_SAVE_HEADS[0]))
+    if not head:
+        raise CheckpointError(f"checkpoint {path} is empty; use another checkpoint, e.g. "
+                              "best.pth.tar")
+    if not head.startswith(TORCH_SAVE_HEADS):
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint (neither the zip archive nor "
+                              "the pickle that torch.save writes); give a checkpoint written by "
+                              "compress_classifier.py or torch.save")
+
+
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a checkpoint (or a bare state dict) on the CPU, refusing anything but plain data.
 
@@ -65,6 +83,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}; check the path given")
+    _check_serialized(path)
     try:
         with warnings.catch_warnings():  # torch warns about old pickle protocols: noise here
             warnings.simplefilter("ignore")
