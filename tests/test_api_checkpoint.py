@@ -146,4 +146,6 @@ def test_save_checkpoint_refuses_what_the_cli_could_not_read(own_code: dict) -> 
     with pytest.raises(UsageError, match="3 class_names for a model of 10 classes"):
         cz.save_checkpoint(model, "e.pth.tar", arch="my_model.py:Net",
                            class_names=["a", "b", "c"])
+    with pytest.raises(UsageError, match="is a directory; give the file to write"):
+        cz.save_checkpoint(model, own_code["dir"], arch="my_model.py:Net")
     assert not list(own_code["dir"].glob("*.pth.tar"))

@@ -153,6 +153,15 @@ def test_quantize_int8_refusals(digits: dict, int8: nn.Module) -> None:
         cz.quantize_int8(Net(), [])
     with pytest.raises(UsageError, match="symmetric weights"):
         cz.quantize_int8(digits["model"], [digits["x"]], mode="asym_u", backend="onednn")
+    first_batch = "the calibration loader's first batch"
+    with pytest.raises(UsageError, match=f"{first_batch} is of type str, not a batch of images"):
+        cz.quantize_int8(Net(), ["a", "b"])
+    with pytest.raises(UsageError, match=rf"{first_batch} is a tensor of shape \[2, 64\]"):
+        cz.quantize_int8(Net(), [torch.zeros(2, 64)])
+    size = list(digits["x"].shape[1:])
+    with pytest.raises(UsageError, match=re.escape(f"the calibration images are [1, 4, 4] and "
+                                                   f"the model takes {size}")):
+        cz.quantize_int8(digits["model"], [torch.zeros(2, 1, 4, 4)])
 
 
 def test_compress_to_budget_meets_the_macs_budget(digits: dict) -> None:

@@ -141,6 +141,9 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, arch: str
         The path written.
     """
     check_module(model, "save_checkpoint")
+    if Path(path).is_dir():
+        raise UsageError(f"save_checkpoint: {path} is a directory; give the file to write, e.g. "
+                         f"{Path(path) / 'checkpoint.pth.tar'}")
     if example_inputs is None and not described(model):
         example_inputs = _example_of(input_spec)
     description = ensure_described(model, example_inputs, "save_checkpoint")

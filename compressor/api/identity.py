@@ -47,17 +47,24 @@ def is_provisional(description: ModelDescription) -> bool:
     return description.arch.startswith("<")
 
 
-def input_batch(example_inputs: Any, what: str) -> Tensor:
-    """The input tensor of an example: a batch, or the inputs of an (inputs, targets) pair."""
+def input_batch(example_inputs: Any, what: str, source: str = "example_inputs") -> Tensor:
+    """The input tensor of an example: a batch, or the inputs of an (inputs, targets) pair;
+    `source` names where it came from in the refusal."""
     value = example_inputs
     if isinstance(value, (tuple, list)) and value:
         value = value[0]
     if not isinstance(value, Tensor) or value.dim() != 4 or value.shape[0] < 1:
         got = (f"a tensor of shape {list(value.shape)}" if isinstance(value, Tensor)
-               else f"a {type(value).__name__}")
-        raise UsageError(f"{what}: example_inputs is {got}, not a batch of images; "
-                         f"{_EXAMPLE_FIX}")
+               else f"of type {type(value).__name__}")
+        raise UsageError(f"{what}: {source} is {got}, not a batch of images; "
+                         f"{_fix_for(source)}")
     return value
+
+
+def _fix_for(source: str) -> str:
+    return (_EXAMPLE_FIX if source == "example_inputs" else
+            "give batches of inputs (N x C x H x W) as the model takes them, or (inputs, "
+            "targets) pairs")
 
 
 def default_input_spec(input_size: tuple[int, int, int]) -> InputSpec:
@@ -76,34 +83,36 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def _num_classes(model: nn.Module, batch: Tensor, what: str) -> int:
+def _num_classes(model: nn.Module, batch: Tensor, what: str, source: str) -> int:
     """The model's output count, from one eval-mode forward of one example (modes restored)."""
     try:
         logits = main_logits(probe_forward(model, batch[:1].to(model_device(model))))
     except Exception as exc:  # noqa: BLE001 - the user's forward: theirs to fix
         detail = " ".join(str(exc).split())[:200]
-        raise UsageError(f"{what}: the model's forward fails on example_inputs of shape "
+        raise UsageError(f"{what}: the model's forward fails on {source} of shape "
                          f"{list(batch.shape)} ({type(exc).__name__}: {detail}); "
-                         f"{_EXAMPLE_FIX}") from None
+                         f"{_fix_for(source)}") from None
     if logits.dim() != 2:
         raise UsageError(f"{what}: the model outputs shape {list(logits.shape)}, not (batch, "
                          "classes); compressor compresses classifiers that return logits")
     return int(logits.shape[1])
 
 
-def ensure_described(model: nn.Module, example_inputs: Any, what: str) -> ModelDescription:
+def ensure_described(model: nn.Module, example_inputs: Any, what: str,
+                     source: str = "example_inputs") -> ModelDescription:
     """The model's description; a model compressor did not build gets a provisional one from
-    `example_inputs` (its input size and, by one forward, its number of classes)."""
+    `example_inputs` (its input size and, by one forward, its number of classes); `source`
+    names where the example came from in a refusal."""
     check_module(model, what)
     if described(model):
         return description_of(model)
     if example_inputs is None:
         raise UsageError(f"{what} needs the model's input size, and this model was not built by "
                          f"compressor; {_EXAMPLE_FIX}")
-    batch = input_batch(example_inputs, what)
+    batch = input_batch(example_inputs, what, source)
     input_size = tuple(int(side) for side in batch.shape[1:])
     description = ModelDescription(f"<{type(unwrap_model(model)).__name__}>", FOLDER,
-                                   _num_classes(model, batch, what),
+                                   _num_classes(model, batch, what, source),
                                    default_input_spec(input_size))  # type: ignore[arg-type]
     describe(model, description)
     return description

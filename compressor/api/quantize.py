@@ -17,9 +17,9 @@ from typing import Any
 
 from torch import nn
 
-from compressor.api.identity import check_module, ensure_described
+from compressor.api.identity import check_module, ensure_described, input_batch
 from compressor.assembly.recipes import record_transform
-from compressor.models.description import describe, described, description_of
+from compressor.models.description import describe, description_of
 from compressor.quantization import (
     INT8_BACKENDS,
     ClipMode,
@@ -49,6 +49,7 @@ LOG = logging.getLogger("compressor")
 MODE_NAMES = {"sym": "SYMMETRIC", "sym_restr": "SYMMETRIC_RESTRICTED",
               "asym_u": "ASYMMETRIC_UNSIGNED", "asym_s": "ASYMMETRIC_SIGNED"}
 CLIP_MODES = tuple(mode.name.lower() for mode in ClipMode)  # --qe-clip-acts's names
+CALIBRATION_SOURCE = "the calibration loader's first batch"
 
 
 def _bits(value: int) -> int | None:
@@ -187,8 +188,13 @@ def quantize_int8(model: nn.Module, calibration_loader: Iterable[Any], *, mode: 
         raise UsageError("quantize_int8: the onednn backend takes symmetric weights; use "
                          "mode='sym', or backend='x86' (or 'auto')")
     check_module(model, "quantize_int8")
-    example = None if described(model) else _first_batch(calibration_loader)
-    description = ensure_described(model, example, "quantize_int8")
+    first = _first_batch(calibration_loader)
+    description = ensure_described(model, first, "quantize_int8", CALIBRATION_SOURCE)
+    shape = tuple(input_batch(first, "quantize_int8", CALIBRATION_SOURCE).shape[1:])
+    if shape != tuple(description.input_spec.input_size):
+        raise UsageError(f"quantize_int8: the calibration images are {list(shape)} and the "
+                         f"model takes {list(description.input_spec.input_size)}; calibrate on "
+                         "data preprocessed as the model is evaluated")
     kind = quantization_kind(description)
     if kind is not None:
         fix = ("it is already quantized" if kind == "post_train" else
