@@ -73,8 +73,8 @@ def test_truncated_and_corrupted_checkpoints(trained: Path, tmp_path: Path) -> N
 
 @pytest.mark.parametrize("content,fragment", [
     (b"", "is empty"),
-    (b"pruners:\n  p1:\n    class: AutomatedGradualPruner\n", "is not a PyTorch checkpoint"),
-    (b"\x89PNG\r\n\x1a\n" + bytes(64), "is not a PyTorch checkpoint")])
+    (b"pruners:\n  p1:\n    class: AutomatedGradualPruner\n", "is not a PyTorch file"),
+    (b"\x89PNG\r\n\x1a\n" + bytes(64), "is not a PyTorch file")])
 def test_a_file_of_another_kind_is_named_as_such(tmp_path: Path, content: bytes,
                                                  fragment: str) -> None:
     given = tmp_path / "given.pth.tar"

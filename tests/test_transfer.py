@@ -172,13 +172,19 @@ def test_pretrained_file_needs_pretrained(tmp_path: Path) -> None:
     assert_user_error(result, "--pretrained-file")
 
 
-@pytest.mark.parametrize("content", [b"", b"\x00\x01garbage" * 100])
-def test_unreadable_pretrained_file_is_one_line(tmp_path: Path, content: bytes) -> None:
+@pytest.mark.parametrize("content,fragment", [
+    (b"", "is empty (0 bytes)"),
+    (b"\x00\x01garbage" * 100, "is not a PyTorch file"),
+    (b"pruners:\n  p1: {}\n", "is not a PyTorch file"),
+    (b"PK\x03\x04" + bytes(60), "is truncated or corrupted")])
+def test_unreadable_pretrained_file_is_one_line(tmp_path: Path, content: bytes,
+                                                fragment: str) -> None:
     file = tmp_path / "weights.pth"
     file.write_bytes(content)
     result = run_cli("-a", ARCH, "--pretrained", "--pretrained-file", str(file), "-e",
                      "--dataset", "synthetic", "--num-classes", "3", "-o", str(tmp_path / "out"))
-    assert_user_error(result, "cannot be read")
+    assert_user_error(result, f"weights file {file} {fragment}",
+                      "give a torch.save(state_dict) or safetensors file")
     assert not (tmp_path / "out").exists()
 
 

@@ -102,6 +102,6 @@ def test_each_quoted_error_is_in_the_source(group: str, message: str) -> None:
 
 
 def test_the_matcher_needs_the_pieces_in_one_literal_and_in_order() -> None:
-    assert found_in_source("checkpoint not found: …; check the path given")
-    assert not found_in_source("check the path given …; checkpoint not found:")
-    assert not found_in_source("checkpoint not found: … and the moon is made of cheese")
+    assert found_in_source("weights file not found: …; check the path given")
+    assert not found_in_source("check the path given …; weights file not found:")
+    assert not found_in_source("weights file not found: … and the moon is made of cheese")

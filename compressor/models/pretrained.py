@@ -10,7 +10,6 @@ family's builder gave them; `PretrainedSource.new_layers` names them.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,11 +23,13 @@ from compressor.models.names import canonical_name
 from compressor.models.registry import ArchSpec
 from compressor.utils.errors import CheckpointError, UsageError
 from compressor.utils.file_hash import file_sha256
+from compressor.utils.torch_files import load_torch_file
 
 __all__ = ["PretrainedSource", "pretrained_weights_path", "has_pretrained_weights",
            "pretrained_file", "read_weights_file", "pretrained_source", "load_pretrained_weights"]
 
 # Keys of a checkpoint dict that hold the state dict itself (timm's, Lightning's, ours)
+WEIGHTS_FILE_FIX = "give a torch.save(state_dict) or safetensors file"
 _STATE_KEYS = ("state_dict", "model", "state_dict_ema", "model_ema")
 # Heads that torchvision's files carry and a model built with aux_logits=False does not have
 _OPTIONAL_HEADS = ("aux", "AuxLogits")
@@ -105,25 +106,21 @@ def _unwrap(data: Any, path: Path) -> dict[str, Tensor]:
 
 def read_weights_file(path: Path) -> dict[str, Tensor]:
     """A state dict from a torch file (weights_only) or a safetensors file, on the CPU."""
+    if path.suffix != ".safetensors":
+        return _unwrap(load_torch_file(path, "weights file", WEIGHTS_FILE_FIX), path)
     if not path.is_file():
         raise CheckpointError(f"weights file not found: {path}; check the path given")
     try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
+        from safetensors.torch import load_file
 
-            return _unwrap(load_file(str(path), device="cpu"), path)
-        with warnings.catch_warnings():  # torch warns about old pickle protocols: noise here
-            warnings.simplefilter("ignore")
-            data = torch.load(path, map_location="cpu", weights_only=True)
-    except CheckpointError:
-        raise
+        data = load_file(str(path), device="cpu")
     except ImportError:
         raise UsageError(f"{path} is a safetensors file and the safetensors package is not "
                          "installed; pip install safetensors") from None
     except Exception as exc:  # noqa: BLE001 - every parse failure is the same to the user
         detail = " ".join(str(exc).split())[:160] or type(exc).__name__
-        raise CheckpointError(f"weights file {path} cannot be read ({detail}); give a "
-                              "torch.save(state_dict) or safetensors file") from None
+        raise CheckpointError(f"weights file {path} cannot be read ({detail}); "
+                              f"{WEIGHTS_FILE_FIX}") from None
     return _unwrap(data, path)
 
 

@@ -8,10 +8,8 @@ calling each recipe's own hooks for weights stored in a method's form.
 from __future__ import annotations
 
 import os
-import pickle
 import random
 import shutil
-import warnings
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -22,6 +20,7 @@ import torch
 from compressor.models.description import ModelDescription
 from compressor.utils.atomic_io import atomic_write
 from compressor.utils.errors import CheckpointError, CompressorError
+from compressor.utils.torch_files import first_line, load_torch_file
 
 __all__ = [
     "FORMAT_VERSION", "REQUIRED_KEYS", "CHECKPOINT_NAME", "BEST_NAME", "save_checkpoint",
@@ -36,9 +35,7 @@ REQUIRED_KEYS = ("format_version", "arch", "dataset", "num_classes", "model_attr
                  "state_dict")
 CHECKPOINT_NAME = "checkpoint.pth.tar"
 BEST_NAME = "best.pth.tar"
-# the first bytes of what torch.save writes: a zip archive, or (the legacy format) a pickle of
-# protocol 2 or later, which opens with the PROTO opcode
-TORCH_SAVE_HEADS = (b"PK\x03\x04", b"\x80")
+CHECKPOINT_FIX = "use another checkpoint, e.g. best.pth.tar"
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
@@ -59,50 +56,13 @@ def save_run_checkpoint(run_dir: Path, state: Mapping[str, Any], is_best: bool) 
         atomic_write(run_dir / BEST_NAME, copy)
 
 
-def _check_serialized(path: Path) -> None:
-    """Refuse a file that is not in either of torch.save's formats (a zip archive, or a pickle
-    of protocol 2 or later for the legacy format): a schedule, an image, an ONNX file given
-    where a checkpoint belongs is named as such, not as a damaged checkpoint."""
-    with path.open("rb") as stream:
-        head = stream.read(len(TORCH_SAVE_HEADS[0]))
-    if not head:
-        raise CheckpointError(f"checkpoint {path} is empty; use another checkpoint, e.g. "
-                              "best.pth.tar")
-    if not head.startswith(TORCH_SAVE_HEADS):
-        raise CheckpointError(f"{path} is not a PyTorch checkpoint (neither the zip archive nor "
-                              "the pickle that torch.save writes); give a checkpoint written by "
-                              "compress_classifier.py or torch.save")
-
-
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Load a checkpoint (or a bare state dict) on the CPU, refusing anything but plain data.
 
     Any failure to read or parse the file becomes one CheckpointError line naming it: the
     weights-only unpickler raises many exception types on arbitrary bytes.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}; check the path given")
-    _check_serialized(path)
-    try:
-        with warnings.catch_warnings():  # torch warns about old pickle protocols: noise here
-            warnings.simplefilter("ignore")
-            data = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        if "Weights only load failed" in str(exc):
-            raise CheckpointError(
-                f"checkpoint {path} holds code or objects that are not plain data; it was "
-                "refused unexecuted: load it only if you trust it, and re-save it as a plain "
-                "dict of tensors") from None
-        raise CheckpointError(f"checkpoint {path} is corrupted ({_first_line(exc)}); "
-                              "use another checkpoint, e.g. best.pth.tar") from None
-    except MemoryError:
-        raise CheckpointError(f"checkpoint {path} is corrupted (it claims more memory than "
-                              "exists); use another checkpoint, e.g. best.pth.tar") from None
-    except Exception as exc:  # noqa: BLE001 - every parse failure is the same to the user
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted "
-                              f"({type(exc).__name__}: {_first_line(exc)}); use another "
-                              "checkpoint, e.g. best.pth.tar") from None
+    data = load_torch_file(path, "checkpoint", CHECKPOINT_FIX)
     if not isinstance(data, dict):
         raise CheckpointError(f"checkpoint {path} holds a {type(data).__name__}, not a dict; "
                               "save a state dict or a compressor checkpoint")
@@ -135,7 +95,7 @@ def read_description(checkpoint: Mapping[str, Any],
         raise CheckpointError(f"{path}: {exc}") from None
     except (TypeError, ValueError, KeyError, AttributeError) as exc:
         raise CheckpointError(f"{path} has a malformed model description ({type(exc).__name__}: "
-                              f"{_first_line(exc)}); use another checkpoint") from None
+                              f"{first_line(exc)}); use another checkpoint") from None
 
 
 def clean_state_dict(state_dict: Mapping[str, Any]) -> dict[str, Any]:
@@ -176,7 +136,3 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else type(exc).__name__
