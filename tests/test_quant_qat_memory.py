@@ -28,6 +28,7 @@ from compressor.quantization.qat.methods import (
 )
 from compressor.quantization.qat.modules import FakeLinearQuantization, QATWrapper
 from compressor.utils.config import ModelRequest
+from tests.test_quant_graph import BLOCK_FAMILIES, trained_like_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -94,6 +95,37 @@ CASES = {
     "dorefa": ("preact_resnet20_cifar", "DorefaQuantizer",
                {"bits_activations": 4, "bits_weights": 3}),
 }
+
+
+class _Layouts(nn.Module):
+    """Gradients the float path lays out channels-last: a conv on a channels-last view (a
+    LayerNorm over channels, as in ConvNeXt), and a conv + batch norm with no activation whose
+    output is flattened to tokens and transposed (LeViT's stem)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.norm = nn.LayerNorm(8)
+        self.conv2 = nn.Conv2d(8, 16, 1)
+        self.bn2 = nn.BatchNorm2d(16)
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm(self.conv1(x).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        tokens = self.bn2(self.conv2(x)).flatten(2).transpose(1, 2)
+        return self.fc(tokens).mean(1)
+
+
+def test_gradients_keep_the_float_paths_layout_and_so_its_sums() -> None:
+    """A batch norm's backward and a bias gradient sum in the gradient's memory order: the
+    masked gradient must come out laid out as the float path's own, or they differ by
+    round-off (both layouts of this model did, by 1e-8, before)."""
+    torch.manual_seed(0)
+    compact = _Layouts()
+    build_qat_quantizer(LINEAR, ARGS, "test").prepare(compact)
+    plain = copy.deepcopy(compact)
+    set_compact_save(plain, False)
+    _assert_bitwise(training_divergence(plain, compact, torch.randn(4, 3, 6, 6), steps=2))
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -248,3 +280,33 @@ def test_qat_with_recompute_trains_bitwise_as_qat_alone(arch: str, compact: bool
     alone = _qat_model(arch, None, compact)
     recomputed = _qat_model(arch, "recompute", compact)
     _assert_bitwise(training_divergence(alone, recomputed, torch.randn(4, 3, 16, 16), steps=3))
+
+
+# the timm families of the timm registry sweep (tests/test_timm_registry.py)
+TIMM_FAMILIES = ("resnet10t", "convnext_atto", "mobilenetv3_small_050", "efficientnet_b0",
+                 "regnetx_002", "repvgg_a0", "ghostnet_050", "vit_tiny_patch16_224",
+                 "deit_tiny_patch16_224", "levit_128s", "efficientvit_m0", "fastvit_t8")
+
+
+def _trains_bitwise_compact(model: nn.Module, x: Tensor) -> None:
+    build_qat_quantizer(LINEAR, ARGS, "test").prepare(model)
+    plain = copy.deepcopy(model)
+    set_compact_save(plain, False)
+    _assert_bitwise(training_divergence(plain, model, x, steps=2))
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("arch", sorted(BLOCK_FAMILIES))
+def test_every_family_trains_bitwise_with_compact_saving(arch: str) -> None:
+    model, x = trained_like_model(arch, BLOCK_FAMILIES[arch], batch=4)
+    _trains_bitwise_compact(model, x)
+
+
+@pytest.mark.registry
+@pytest.mark.parametrize("name", TIMM_FAMILIES)
+def test_every_timm_family_trains_bitwise_with_compact_saving(name: str) -> None:
+    pytest.importorskip("timm", reason="install the timm extra: pip install -e '.[timm]'")
+    torch.manual_seed(0)
+    model = build_resolved_model(resolve_model(ModelRequest(
+        arch=f"timm/{name}", dataset="imagenet", num_classes=10, input_size=(3, 32, 32))))
+    _trains_bitwise_compact(model, torch.randn(4, 3, 32, 32))

@@ -136,10 +136,29 @@ def _pass_mask(y: Tensor, low: Tensor | float, high: Tensor | float, open_low: f
     return mask.to(y.dtype)
 
 
-def _masked_grad(grad: Tensor, packed: Tensor, shape: torch.Size) -> Tensor:
-    """The gradient where the packed mask holds, 0 elsewhere (as WhereBackward0 and the STEs;
-    threshold_backward selects exactly so, several times faster than torch.where on the CPU)."""
-    return torch.ops.aten.threshold_backward(grad, unpack_mask(packed, shape, grad.dtype), 0.5)
+def memory_order(tensor: Tensor) -> tuple[int, ...]:
+    """The tensor's dimensions from the largest stride to the smallest (ties in their order):
+    `tensor.permute(order)` is a contiguous view of a dense tensor, channels-last included."""
+    return tuple(sorted(range(tensor.dim()), key=lambda dim: -tensor.stride(dim)))
+
+
+def _masked_grad(grad: Tensor, packed: Tensor, shape: torch.Size, order: tuple[int, ...],
+                 grad_first: bool = False) -> Tensor:
+    """The gradient where the packed mask holds, 0 elsewhere, bitwise and in the memory layout
+    that the float path's last backward op gives it.
+
+    The mask was packed in y's memory order (`order`) and comes back as a view in y's layout.
+    An element-wise op lays its result out as its first operand that decides it: threshold_
+    backward (ReLU's, and the select of WhereBackward0 on a mask) puts the mask first,
+    hardtanh_backward (the clamp's straight-through estimator with host bounds, ReLU6's) the
+    gradient. The layout sets the summation order of every reduction downstream (a batch
+    norm's backward, a bias gradient), so it is what keeps those bitwise the float path's.
+    """
+    stored = unpack_mask(packed, torch.Size(shape[dim] for dim in order), grad.dtype)
+    mask = stored.permute(sorted(range(len(order)), key=order.__getitem__))
+    if grad_first:  # passes strictly between 0.5 and 1.5: where the mask is 1
+        return torch.ops.aten.hardtanh_backward(grad, mask, 0.5, 1.5)
+    return torch.ops.aten.threshold_backward(grad, mask, 0.5)
 
 
 class _MaskedQuantize(torch.autograd.Function):
@@ -152,13 +171,18 @@ class _MaskedQuantize(torch.autograd.Function):
         """The fake-quantized output and its codes."""
         value, open_low, open_high = _activation(activation, y)
         parts = parts_of(value)
-        ctx.shape = y.shape
+        ctx.shape, ctx.order = y.shape, memory_order(y)
+        # the float path's last op on the gradient: ReLU's threshold_backward (the mask first),
+        # or, with host bounds, the estimator's (or ReLU6's) hardtanh_backward (the gradient)
+        ctx.grad_first = (isinstance(parts.low, float) and isinstance(parts.high, float)
+                          and type(activation) is not nn.ReLU)
         ctx.alpha_shape = alpha.shape if alpha is not None else None
         needs_y, needs_alpha = ctx.needs_input_grad[:2]
         passes = None
         if needs_y:  # where the activation passes, value = y: the clamp's range is y's
-            passes = pack_mask(_pass_mask(y, parts.low, parts.high, open_low, open_high))
-        ctx.save_for_backward(passes, pack_mask(parts.to_alpha)
+            passes = pack_mask(_pass_mask(y, parts.low, parts.high, open_low,
+                                          open_high).permute(ctx.order))
+        ctx.save_for_backward(passes, pack_mask(parts.to_alpha.permute(ctx.order))
                               if needs_alpha and parts.to_alpha is not None else None)
         ctx.mark_non_differentiable(parts.codes)
         return parts.out, parts.codes
@@ -168,10 +192,12 @@ class _MaskedQuantize(torch.autograd.Function):
     def backward(ctx: Any, grad: Tensor, _: Tensor | None) -> tuple[Tensor | None, ...]:
         """The masked gradients."""
         passes, to_alpha = ctx.saved_tensors
-        grad_y = _masked_grad(grad, passes, ctx.shape) if passes is not None else None
+        grad_y = (_masked_grad(grad, passes, ctx.shape, ctx.order, ctx.grad_first)
+                  if passes is not None else None)
         grad_alpha = None
         if to_alpha is not None:
-            grad_alpha = _masked_grad(grad, to_alpha, ctx.shape).sum_to_size(ctx.alpha_shape)
+            grad_alpha = _masked_grad(grad, to_alpha, ctx.shape, ctx.order).sum_to_size(
+                ctx.alpha_shape)
         return grad_y, grad_alpha, None, None
 
 
