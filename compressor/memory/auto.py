@@ -17,10 +17,8 @@ from __future__ import annotations
 import copy
 import gc
 import math
-import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,14 +141,6 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-@contextmanager
-def _quiet_profiler() -> Iterator[None]:
-    # The profiler's library (kineto) writes its start and stop messages straight to stderr,
-    # which would break the one-line error of a refused run; it reads this when first used.
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    yield
-
-
 def _forked_rng(device: torch.device) -> Any:
     devices = [device.index if device.index is not None else torch.cuda.current_device()] \
         if device.type == "cuda" else []
@@ -223,8 +213,7 @@ def _measure(model: nn.Module, arch_spec: ArchSpec, variants: tuple[str, ...], b
         raise UsageError("--memory-efficient auto measures with torch's profiler, and another "
                          "profiler is running; stop it or name a variant instead")
     candidate.zero_grad(set_to_none=True)
-    with _quiet_profiler():
-        report = measure_saved_bytes(candidate, x, loss_fn=lambda out: loss_fn(out, target))
+    report = measure_saved_bytes(candidate, x, loss_fn=lambda out: loss_fn(out, target))
     params = list(candidate.parameters())
     fixed = (_bytes(params) + _bytes([p for p in params if p.requires_grad])
              + _optimizer_state_bytes(optimizer) + _bytes([x, target]))

@@ -11,6 +11,7 @@ bookkeeping costs a few percent of the step, and nothing is sampled, so the peak
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -71,6 +72,10 @@ def record_allocations(device: torch.device | str = "cpu") -> Iterator[Allocatio
     The trace fills when the block ends. Raises RuntimeError if a profiler already runs.
     """
     trace = AllocationTrace(torch.device(device))
+    # The profiler's library (kineto) writes its start and stop messages straight to stderr,
+    # which would break a refused run's one-line error and litter a benchmark's tables; it
+    # reads this when first used (a level the user set stays)
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         yield trace
     # The event tree is the profiler's raw record (torch.profiler's memory timeline reads it
