@@ -17,10 +17,15 @@ from compressor.models.description import description_of
 from compressor.reports.metrics import count_macs, model_file_bytes
 
 __all__ = ["QUANTITIES", "LatencySetting", "measure_latencies", "measure_latency",
-           "relative_latencies", "figures", "search_measures"]
+           "relative_latencies", "figures", "search_measures", "MeasureFn", "LatenciesFn"]
 
 # budgeted quantity -> the figure measured for it
 QUANTITIES = ("macs", "params", "latency", "size")
+# (model, quantities, the dense model's figures once measured) -> figures
+MeasureFn = Callable[[nn.Module, tuple[str, ...], Mapping[str, float] | None],
+                     Mapping[str, float]]
+# (models, the dense model's figures) -> each model's latency, all timed in the same rounds
+LatenciesFn = Callable[[list[nn.Module], Mapping[str, float]], list[float]]
 
 
 @dataclass(frozen=True)
@@ -144,9 +149,6 @@ def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetti
     return measured
 
 
-SearchMeasure = Callable[[nn.Module, tuple[str, ...], Mapping[str, float] | None],
-                         dict[str, float]]
-SearchLatencies = Callable[[list[nn.Module], Mapping[str, float]], list[float]]
 
 
 def _run_here(time_it: Callable[[], Any]) -> Any:
@@ -156,7 +158,7 @@ def _run_here(time_it: Callable[[], Any]) -> Any:
 def search_measures(dense: nn.Module, latency: LatencySetting | None, *,
                     size_scale: float = 1.0,
                     timed: Callable[[Callable[[], Any]], Any] = _run_here
-                    ) -> tuple[SearchMeasure, SearchLatencies | None]:
+                    ) -> tuple[MeasureFn, LatenciesFn | None]:
     """The budget search's two measuring functions for `dense`: one model's figures (latency
     relative to the dense model's recorded figure, timed beside it; a candidate's size scaled
     by `size_scale`), and several candidates' latencies timed together (None without a latency

@@ -45,7 +45,7 @@ from compressor.budget.groups import (
     mask_group_filters,
     prunable_groups,
 )
-from compressor.budget.measure import figures
+from compressor.budget.measure import LatenciesFn, MeasureFn, figures
 from compressor.budget.prices import channel_prices
 from compressor.thinning.recipe import apply_thinning_recipe
 from compressor.thinning.thin import find_thinning
@@ -57,11 +57,6 @@ __all__ = ["Budget", "SearchResult", "BudgetSearch", "STATE_VERSION", "build_can
 STATE_VERSION = 2  # 2: a second, deeper probe per group
 LOG = logging.getLogger("compressor")
 EvaluateFn = Callable[[nn.Module], Mapping[str, float]]
-# (model, quantities, the dense model's figures once measured) -> figures
-MeasureFn = Callable[[nn.Module, tuple[str, ...], Mapping[str, float] | None],
-                     Mapping[str, float]]
-# (models, the dense model's figures) -> each model's latency, all timed in the same rounds
-LatenciesFn = Callable[[list[nn.Module], Mapping[str, float]], list[float]]
 # Probes timed together in one interleaved session (thinned copies held in memory at once)
 PROBES_TIMED_TOGETHER = 8
 # Kept channel counts are rounded up to multiples of this where the budgets still hold

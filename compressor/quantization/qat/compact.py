@@ -136,7 +136,7 @@ def _pass_mask(y: Tensor, low: Tensor | float, high: Tensor | float, open_low: f
     return mask.to(y.dtype)
 
 
-def memory_order(tensor: Tensor) -> tuple[int, ...]:
+def _memory_order(tensor: Tensor) -> tuple[int, ...]:
     """The tensor's dimensions from the largest stride to the smallest (ties in their order):
     `tensor.permute(order)` is a contiguous view of a dense tensor, channels-last included."""
     return tuple(sorted(range(tensor.dim()), key=lambda dim: -tensor.stride(dim)))
@@ -171,7 +171,7 @@ class _MaskedQuantize(torch.autograd.Function):
         """The fake-quantized output and its codes."""
         value, open_low, open_high = _activation(activation, y)
         parts = parts_of(value)
-        ctx.shape, ctx.order = y.shape, memory_order(y)
+        ctx.shape, ctx.order = y.shape, _memory_order(y)
         # the float path's last op on the gradient: ReLU's threshold_backward (the mask first),
         # or, with host bounds, the estimator's (or ReLU6's) hardtanh_backward (the gradient)
         ctx.grad_first = (isinstance(parts.low, float) and isinstance(parts.high, float)
