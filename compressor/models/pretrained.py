@@ -28,8 +28,8 @@ from compressor.utils.torch_files import load_torch_file
 __all__ = ["PretrainedSource", "pretrained_weights_path", "has_pretrained_weights",
            "pretrained_file", "read_weights_file", "pretrained_source", "load_pretrained_weights"]
 
-# Keys of a checkpoint dict that hold the state dict itself (timm's, Lightning's, ours)
 WEIGHTS_FILE_FIX = "give a torch.save(state_dict) or safetensors file"
+# Keys of a checkpoint dict that hold the state dict itself (timm's, Lightning's, ours)
 _STATE_KEYS = ("state_dict", "model", "state_dict_ema", "model_ema")
 # Heads that torchvision's files carry and a model built with aux_logits=False does not have
 _OPTIONAL_HEADS = ("aux", "AuxLogits")
