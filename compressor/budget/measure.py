@@ -149,8 +149,6 @@ def figures(model: nn.Module, quantities: tuple[str, ...], latency: LatencySetti
     return measured
 
 
-
-
 def _run_here(time_it: Callable[[], Any]) -> Any:
     return time_it()
 

@@ -48,7 +48,6 @@ from compressor.models.description import description_of, unwrap_model
 from compressor.models.layers.inplace_abn import InPlaceABN
 from compressor.utils.atomic_io import atomic_write, atomic_write_text
 from compressor.utils.errors import CompressorError, ExportError, UsageError
-from compressor.utils.torch_files import first_line
 
 __all__ = ["Tolerance", "TOLERANCES", "OPSET", "INPUT_NAME", "OUTPUT_NAME",
            "BATCH_AXIS", "EXPORT_JSON", "ONNX_EXTRA_MODULES", "require_onnx", "export_form",
@@ -119,6 +118,11 @@ def export_form(model: nn.Module) -> nn.Module:
     return _unfuse(_cpu_copy(model))
 
 
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def _trace(model: nn.Module, sample: Tensor, arch: str) -> Any:
     """torch.onnx's ModelProto of `model` (quietly: the exporter's warnings are not ours)."""
     batch = torch.export.Dim(BATCH_AXIS, min=1)
@@ -133,7 +137,7 @@ def _trace(model: nn.Module, sample: Tensor, arch: str) -> Any:
     except CompressorError:
         raise
     except Exception as exc:  # torch.export / onnxscript failures come in many types
-        raise ExportError(f"torch.onnx could not export {arch} ({first_line(exc)}); nothing "
+        raise ExportError(f"torch.onnx could not export {arch} ({_first_line(exc)}); nothing "
                           "was written: report it with the torch and onnxscript versions") from None
 
 
@@ -154,7 +158,7 @@ def _run_checks(onnx: ModuleType, ort: ModuleType, data: bytes, sample: Tensor,
     try:
         onnx.checker.check_model(onnx.load_from_string(data), full_check=True)
     except Exception as exc:
-        raise ExportError(f"the ONNX model of {arch} fails onnx.checker ({first_line(exc)}); "
+        raise ExportError(f"the ONNX model of {arch} fails onnx.checker ({_first_line(exc)}); "
                           "nothing was written: report it with the torch and onnx "
                           "versions") from None
     options = ort.SessionOptions()
@@ -167,7 +171,7 @@ def _run_checks(onnx: ModuleType, ort: ModuleType, data: bytes, sample: Tensor,
         outputs = [(session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0], ref)
                    for x, ref in batches]
     except Exception as exc:
-        raise ExportError(f"ONNX Runtime cannot run the exported {arch} ({first_line(exc)}); "
+        raise ExportError(f"ONNX Runtime cannot run the exported {arch} ({_first_line(exc)}); "
                           "nothing was written") from None
     diff = 0.0
     for got, ref in outputs:
