@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 from pathlib import Path
 
@@ -116,11 +117,30 @@ def test_random_bytes_as_a_checkpoint_are_a_checkpoint_error(tmp_path: Path, see
         load_checkpoint(path)
 
 
-def test_best_copy_goes_through_the_atomic_write(tmp_path: Path) -> None:
+def test_best_is_a_link_that_keeps_its_epoch_when_the_checkpoint_moves_on(tmp_path: Path) -> None:
+    model = create_model("simplenet_digits", "digits")
+    best, last = tmp_path / "best.pth.tar", tmp_path / "checkpoint.pth.tar"
+    save_run_checkpoint(tmp_path, assemble_checkpoint(model, args={}, epoch=3), is_best=True)
+    assert best.samefile(last)  # one copy on disk
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pth.tar", "checkpoint.pth.tar"]
+    save_run_checkpoint(tmp_path, assemble_checkpoint(model, args={}, epoch=4), is_best=False)
+    assert not best.samefile(last)
+    assert load_checkpoint(best)["epoch"] == 3 and load_checkpoint(last)["epoch"] == 4
+    save_run_checkpoint(tmp_path, assemble_checkpoint(model, args={}, epoch=5), is_best=True)
+    assert load_checkpoint(best)["epoch"] == 5 and best.samefile(last)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pth.tar", "checkpoint.pth.tar"]
+
+
+def test_best_is_a_copy_where_the_file_system_has_no_links(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*_: object) -> None:
+        raise OSError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "link", refuse)
     model = create_model("simplenet_digits", "digits")
     save_run_checkpoint(tmp_path, assemble_checkpoint(model, args={}, epoch=3), is_best=True)
-    assert (tmp_path / "best.pth.tar").read_bytes() == (
-        tmp_path / "checkpoint.pth.tar").read_bytes()
+    best, last = tmp_path / "best.pth.tar", tmp_path / "checkpoint.pth.tar"
+    assert not best.samefile(last) and best.read_bytes() == last.read_bytes()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["best.pth.tar", "checkpoint.pth.tar"]
 
 

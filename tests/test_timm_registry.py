@@ -11,7 +11,9 @@ CI with `-m registry tests/test_timm_registry.py`.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,12 +107,20 @@ class Runs:
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=lambda family: family.name)
-def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Runs:
-    """The family trained for one epoch (what the other steps start from)."""
+def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+         ) -> Iterator[Runs]:
+    """The family trained for one epoch (what the other steps start from).
+
+    A family's runs take up to a gigabyte of checkpoints and exports: they are removed once its
+    tests pass, so that the whole registry never sits on disk at once (kept where one failed).
+    """
     family: Family = request.param
     runs = Runs(family, tmp_path_factory.mktemp(family.name))
+    failed_before = request.session.testsfailed
     _ok(run_cli(*runs.train("--epochs", "1", "-o", str(runs.out), "-n", "first")))
-    return runs
+    yield runs
+    if request.session.testsfailed == failed_before:
+        shutil.rmtree(runs.out, ignore_errors=True)
 
 
 def _metrics(history: list[dict]) -> list[dict]:

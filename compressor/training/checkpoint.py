@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import os
 import random
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 import torch
 
 from compressor.models.description import ModelDescription
-from compressor.utils.atomic_io import atomic_write
+from compressor.utils.atomic_io import atomic_duplicate, atomic_write
 from compressor.utils.errors import CheckpointError, CompressorError
 from compressor.utils.torch_files import first_line, load_torch_file
 
@@ -45,15 +44,15 @@ def save_checkpoint(path: str | os.PathLike[str], state: Mapping[str, Any]) -> N
 
 
 def save_run_checkpoint(run_dir: Path, state: Mapping[str, Any], is_best: bool) -> None:
-    """Write run_dir/checkpoint.pth.tar and, when best, the same bytes to best.pth.tar."""
+    """Write run_dir/checkpoint.pth.tar and, when best, the same bytes to best.pth.tar.
+
+    best.pth.tar is a hard link where the file system allows (no second copy on disk), as
+    timm's checkpoint saver does; the next save replaces checkpoint.pth.tar, never writes into it.
+    """
     path = run_dir / CHECKPOINT_NAME
     save_checkpoint(path, state)
     if is_best:
-        def copy(handle: IO[bytes]) -> None:
-            with open(path, "rb") as source:
-                shutil.copyfileobj(source, handle)
-
-        atomic_write(run_dir / BEST_NAME, copy)
+        atomic_duplicate(path, run_dir / BEST_NAME)
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -4,11 +4,12 @@ is fsynced, then renamed into place, so a crash never leaves a half-written file
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
-__all__ = ["atomic_write", "atomic_write_text"]
+__all__ = ["atomic_write", "atomic_write_text", "atomic_duplicate"]
 
 
 def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:
@@ -23,7 +24,37 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _sync_directory(path.parent)
+
+
+def atomic_duplicate(source: str | os.PathLike[str], path: str | os.PathLike[str]) -> None:
+    """Make `path` hold `source`'s bytes: a hard link where the file system has them, else a copy.
+
+    The link costs no disk; it stays right because every write here replaces its file with a
+    new one (atomic_write) instead of writing into it, so `path` keeps the bytes it was given.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        atomic_write(path, lambda handle: _copy_into(source, handle))
+        return
+    try:
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    _sync_directory(path.parent)
+
+
+def _copy_into(source: str | os.PathLike[str], handle: IO[bytes]) -> None:
+    with open(source, "rb") as source_handle:
+        shutil.copyfileobj(source_handle, handle)
+
+
+def _sync_directory(directory: Path) -> None:
+    dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
