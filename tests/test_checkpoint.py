@@ -6,6 +6,7 @@ import os
 import random
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 import torch
@@ -19,6 +20,7 @@ from compressor.training.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
+from compressor.utils.atomic_io import atomic_duplicate, atomic_write
 from compressor.utils.errors import CheckpointError
 from tests.conftest import ROOT, start_killable
 
@@ -106,3 +108,26 @@ def test_rng_state_round_trip() -> None:
     second = (torch.rand(3), np.random.rand(3), random.random())
     assert torch.equal(first[0], second[0])
     assert (first[1] == second[1]).all() and first[2] == second[2]
+
+
+def test_a_failed_write_keeps_the_previous_file_and_no_temporary(tmp_path: Path) -> None:
+    path = tmp_path / "c.pth.tar"
+    save_checkpoint(path, {"a": torch.ones(3)})
+
+    def fail(handle: IO[bytes]) -> None:
+        handle.write(b"half")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space"):
+        atomic_write(path, fail)
+    assert torch.equal(load_checkpoint(path)["a"], torch.ones(3))
+    assert os.listdir(tmp_path) == ["c.pth.tar"]
+
+
+def test_a_crashed_runs_temporary_does_not_stop_the_next_duplicate(tmp_path: Path) -> None:
+    source, best = tmp_path / "checkpoint.pth.tar", tmp_path / "best.pth.tar"
+    save_checkpoint(source, {"a": torch.ones(3)})
+    (tmp_path / f".best.pth.tar.tmp-{os.getpid()}").write_bytes(b"left by a kill")
+    atomic_duplicate(source, best)
+    assert best.samefile(source)
+    assert sorted(os.listdir(tmp_path)) == ["best.pth.tar", "checkpoint.pth.tar"]
