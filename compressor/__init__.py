@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         export_onnx,
         load_model,
         quantize_int8,
+        recalibrate_batch_norm,
         save_checkpoint,
         thin,
     )
@@ -30,7 +31,7 @@ __version__ = "0.1.0"
 
 __all__ = ["compression_scheduler", "CompressionScheduler", "thin", "quantize_int8",
            "compress_to_budget", "BudgetResult", "DistillationLoss", "export_onnx",
-           "save_checkpoint", "load_model", "evaluate", "__version__"]
+           "save_checkpoint", "load_model", "evaluate", "recalibrate_batch_norm", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -144,7 +144,8 @@ def test_an_unmet_budget_says_by_how_much_and_keeps_the_best_model(tmp_path: Pat
     (("--target-macs", "0.5", "--compress", "x.yaml"), "drop --compress"),
     (("--latency-batch", "8", "--target-macs", "0.5"), "add --target-latency"),
     (("--greedy",), "--greedy needs --greedy-target-density"),
-    (("--max-drop", "-1", "--target-macs", "0.5"), "--max-drop: must be a number in [0, 100]"),
+    (("--max-accuracy-drop", "-1", "--target-macs", "0.5"),
+     "--max-accuracy-drop/--max-drop: must be a number in [0, 100]"),
 ])
 def test_bad_budgets_are_one_line(flags: tuple[str, ...], words: str, tmp_path: Path) -> None:
     # refused while parsing, before the checkpoint is read
@@ -160,7 +161,8 @@ def test_a_budget_needs_trained_weights_and_a_validation_split(tmp_path: Path) -
     assert not (tmp_path / "novs").exists()
 
 
-@pytest.mark.parametrize("flag", [("--latency-batch", "8"), ("--max-drop", "1"), ("--no-kd",)])
+@pytest.mark.parametrize("flag", [("--latency-batch", "8"), ("--max-accuracy-drop", "1"),
+                                  ("--no-kd",), ("--minimize", "macs")])
 def test_budget_flags_on_a_checkpoint_that_is_not_a_budget_run_are_refused(
         flag: tuple[str, ...], tmp_path: Path) -> None:
     dense = _untrained(tmp_path / "dense.pth.tar")

@@ -2,6 +2,7 @@
 
     scheduler = cz.compression_scheduler("agp.yaml", model, optimizer)  # Distiller's callbacks
     model = cz.thin(model, example_inputs)          # remove zeroed filters/channels
+    cz.recalibrate_batch_norm(model, train_loader, 20)  # fresh batch-norm statistics
     int8_model = cz.quantize_int8(model, calibration_loader)
     cz.save_checkpoint(int8_model, "ckpt.pth.tar", arch="my_model.py:Net")
 
@@ -16,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from compressor.api.batchnorm import recalibrate_batch_norm
     from compressor.api.budget import BudgetResult, compress_to_budget
     from compressor.api.checkpoint import load_model, save_checkpoint
     from compressor.api.distillation import DistillationLoss
@@ -31,11 +33,12 @@ _HOMES = {
     "quantize_int8": "quantize", "compress_to_budget": "budget", "BudgetResult": "budget",
     "DistillationLoss": "distillation", "export_onnx": "export",
     "save_checkpoint": "checkpoint", "load_model": "checkpoint", "evaluate": "evaluation",
+    "recalibrate_batch_norm": "batchnorm",
 }
 
 __all__ = ["compression_scheduler", "CompressionScheduler", "thin", "quantize_int8",
            "compress_to_budget", "BudgetResult", "DistillationLoss", "export_onnx",
-           "save_checkpoint", "load_model", "evaluate"]
+           "save_checkpoint", "load_model", "evaluate", "recalibrate_batch_norm"]
 
 
 def __getattr__(name: str) -> Any:

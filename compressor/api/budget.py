@@ -8,7 +8,7 @@ model as teacher); here they are removed at once, and `train_fn` fine-tunes the 
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +19,10 @@ from compressor.budget import Budget, BudgetSearch, LatencySetting
 from compressor.budget.groups import mask_group_filters
 from compressor.budget.measure import search_measures
 from compressor.quantization.recipe import quantization_kind
+from compressor.reports.budget import collapsed
 from compressor.thinning.transform import probe_batch
 from compressor.thinning.transform import thin as thin_in_place
+from compressor.training.batchnorm import recalibrate_batch_norm
 from compressor.utils.errors import UsageError
 
 __all__ = ["compress_to_budget", "BudgetResult"]
@@ -41,6 +43,9 @@ class BudgetResult:
     figures: Mapping[str, float]  # the final model's
     scores: Mapping[str, float]  # evaluate_fn on the final model
     removed_channels: int  # channels removed over all groups
+    accuracy_drop: float = 0.0  # evaluate_fn's top-1 points lost against the dense model
+    max_accuracy_drop: float | None = None  # the floor asked for (part of `met`)
+    collapsed: bool = False  # the final model scores at chance: never met
 
 
 def _targets(**given: float | None) -> dict[str, float]:
@@ -78,7 +83,10 @@ def _scored(evaluate_fn: EvaluateFn) -> EvaluateFn:
 def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: EvaluateFn, *,
                        macs: float | None = None, params: float | None = None,
                        latency: float | None = None, size: float | None = None,
-                       example_inputs: Any = None, min_keep: float = 0.25) -> BudgetResult:
+                       example_inputs: Any = None, min_keep: float = 0.25,
+                       max_accuracy_drop: float | None = None,
+                       recalibration_loader: Iterable[Any] | None = None,
+                       recalibration_batches: int = 20) -> BudgetResult:
     """Remove the channels that cost the least accuracy per unit of budget until every budget
     holds, thin the model, then fine-tune it with `train_fn`.
 
@@ -98,13 +106,26 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
             bytes); give one or more.
         example_inputs: a batch of inputs, needed for a model compressor did not build.
         min_keep: the smallest fraction of each group's channels that is kept.
+        max_accuracy_drop: top-1 points (evaluate_fn's) the final model may lose against the
+            dense one; the result is met only within it. A final model at chance (at most
+            1.5x 100/classes) is never met.
+        recalibration_loader: training batches: each candidate's batch-norm statistics are
+            re-estimated on them before it is scored (on a copy), and the final model's after
+            train_fn (strongly advised for models with batch norms: a pruned model scored with
+            the dense model's statistics scores near chance).
+        recalibration_batches: how many of its batches each re-estimation reads.
 
     Returns:
-        A BudgetResult: the model, the achieved fractions, whether every budget is met, the
-        dense and final figures and evaluate_fn's scores of the final model.
+        A BudgetResult: the model, the achieved fractions, whether every budget (accuracy
+        included) is met, the dense and final figures and evaluate_fn's scores of the final
+        model.
     """
     targets = _targets(macs=macs, params=params, latency=latency, size=size)
-    score = _scored(evaluate_fn)
+    if max_accuracy_drop is not None and (isinstance(max_accuracy_drop, bool) or not isinstance(
+            max_accuracy_drop, (int, float)) or not 0 <= max_accuracy_drop <= 100):
+        raise UsageError(f"compress_to_budget: max_accuracy_drop={max_accuracy_drop!r}; give "
+                         "the top-1 points the budget may cost, between 0 and 100")
+    score = _recalibrated(_scored(evaluate_fn), recalibration_loader, recalibration_batches)
     if train_fn is not None and not callable(train_fn):
         raise UsageError("compress_to_budget: train_fn is not callable; give a function that "
                          "fine-tunes the model it is given, or None")
@@ -127,10 +148,33 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
     thin_in_place(final)
     if train_fn is not None:
         train_fn(final)
+    if recalibration_loader is not None:
+        recalibrate_batch_norm(final, recalibration_loader, recalibration_batches)
     dense_figures = search.dense_entry()["figures"]
     quantities = tuple(sorted(targets))
     final_figures = measure(final, quantities, dense_figures)
     achieved = {q: final_figures[q] / dense_figures[q] for q in quantities}
-    return BudgetResult(final, targets, achieved, all(achieved[q] <= targets[q] for q in targets),
-                        {q: dense_figures[q] for q in quantities}, final_figures,
-                        dict(score(final)), sum(result.removed))
+    scores = dict(_scored(evaluate_fn)(final))
+    drop = float(search.dense_entry()["top1"]) - float(scores["top1"])
+    at_chance = collapsed(float(scores["top1"]), description.num_classes)
+    met = (all(achieved[q] <= targets[q] for q in targets) and not at_chance
+           and (max_accuracy_drop is None or drop <= max_accuracy_drop))
+    return BudgetResult(final, targets, achieved, met, {q: dense_figures[q] for q in quantities},
+                        final_figures, scores, sum(result.removed), drop, max_accuracy_drop,
+                        at_chance)
+
+
+def _recalibrated(score: EvaluateFn, loader: Iterable[Any] | None, batches: int) -> EvaluateFn:
+    """`score`, each model's batch-norm statistics re-estimated on `loader` first (a copy)."""
+    if loader is None:
+        return score
+    if isinstance(batches, bool) or not isinstance(batches, int) or batches < 1:
+        raise UsageError(f"compress_to_budget: recalibration_batches={batches!r}; give a "
+                         "positive number of batches")
+
+    def recalibrated(model: nn.Module) -> Mapping[str, float]:
+        work = copy.deepcopy(model)
+        recalibrate_batch_norm(work, loader, batches)
+        return score(work)
+
+    return recalibrated

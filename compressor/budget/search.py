@@ -54,7 +54,8 @@ from compressor.utils.errors import UsageError
 __all__ = ["Budget", "SearchResult", "BudgetSearch", "STATE_VERSION", "build_candidate",
            "ranking_quantity", "LatenciesFn", "LATENCY_SEARCH_MARGIN"]
 
-STATE_VERSION = 2  # 2: a second, deeper probe per group
+STATE_VERSION = 3  # 2: a second, deeper probe per group; 3: candidates scored with
+# their batch-norm statistics re-estimated
 LOG = logging.getLogger("compressor")
 EvaluateFn = Callable[[nn.Module], Mapping[str, float]]
 # Probes timed together in one interleaved session (thinned copies held in memory at once)
@@ -80,12 +81,17 @@ CONFIRM_STEPS = 8
 
 @dataclass(frozen=True)
 class Budget:
-    """Targets as fractions of the dense model's figures; all must hold."""
+    """Targets as fractions of the dense model's figures; all must hold.
+
+    With `accuracy_drop`, the search instead removes as many channels (ranked by the targets'
+    quantity, whose fraction is then 1.0: any) as keep the candidate's validation top-1
+    within that many points of the dense model's: compress as far as accuracy allows."""
 
     targets: Mapping[str, float]
     # the smallest fraction of a group's channels that is kept: the ranking is greedy, and
     # with a 10% floor it emptied blocks to a few channels (0.86 pt lower at 0.3x MACs)
     min_keep: float = 0.25
+    accuracy_drop: float | None = None
 
     @property
     def quantities(self) -> tuple[str, ...]:
@@ -211,7 +217,14 @@ class BudgetSearch:
         dense = self.dense_entry()["figures"]
         return {q: entry["figures"][q] / dense[q] for q in self.budget.quantities}
 
+    def _within_accuracy(self, entry: Mapping[str, Any]) -> bool:
+        """Whether `entry` scores within the budget's accuracy drop of the dense model."""
+        drop = self.budget.accuracy_drop
+        return drop is None or self.dense_entry()["top1"] - entry["top1"] <= drop
+
     def _met(self, entry: Mapping[str, Any]) -> bool:
+        if not self._within_accuracy(entry):
+            return False
         ratios = self.ratios(entry)
         margins = {"latency": LATENCY_SEARCH_MARGIN}
         return all(ratios[q] <= self.budget.targets[q] * margins.get(q, 1.0)
@@ -379,6 +392,8 @@ class BudgetSearch:
         # timings vary by a few percent: a latency bisection stops at a few channels
         resolution = (max(1, len(order) // LATENCY_BISECTION_PARTS)
                       if "latency" in quantities else 1)
+        if self.budget.accuracy_drop is not None:
+            return self._accuracy_bounded(order, resolution)
         top = self._evaluate(self._counts(order, high), "search", quantities)
         if self._met(top):
             while high - low > resolution:
@@ -392,6 +407,26 @@ class BudgetSearch:
         if self._met(chosen):
             chosen = self._rounded(chosen)
         chosen = self._confirmed(order, high, chosen)
+        self.state["chosen"] = chosen["removed"]
+        self._saved()
+        return SearchResult(self.groups, tuple(chosen["removed"]), self.ratios(chosen),
+                            self._met(chosen))
+
+    def _accuracy_bounded(self, order: list[int], resolution: int) -> SearchResult:
+        """Bisect along the ranking to the most channels removed whose candidate keeps its
+        validation top-1 within the accuracy drop (the dense model does: 0 removed)."""
+        quantities = self.budget.quantities
+        low, high = 0, len(order)
+        top = self._evaluate(self._counts(order, high), "search", quantities)
+        if self._met(top):
+            low = high
+        while high - low > resolution:
+            middle = (low + high) // 2
+            if self._met(self._evaluate(self._counts(order, middle), "search", quantities)):
+                low = middle
+            else:
+                high = middle
+        chosen = self._evaluate(self._counts(order, low), "search", quantities)
         self.state["chosen"] = chosen["removed"]
         self._saved()
         return SearchResult(self.groups, tuple(chosen["removed"]), self.ratios(chosen),

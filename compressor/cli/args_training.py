@@ -13,7 +13,7 @@ SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
-    """--epochs, --lr, --lr-head, --bn-momentum, --momentum, --wd, -p."""
+    """--epochs, --lr, --lr-head, --bn-momentum, --bn-recalibrate, --momentum, --wd, -p."""
     group = parser.add_argument_group(
         "training", "epochs and the SGD optimizer (a checkpoint to resume from: see run)")
     group.add_argument("--epochs", type=integer(0, INT_MAX), default=90,
@@ -29,6 +29,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                        help="batch norm momentum while training, in (0, 1] (default: the "
                             "model's; TF-ported weights such as EfficientNet-Lite's use 0.01, "
                             "slow to adapt in a short fine-tune: 0.1 is PyTorch's)")
+    group.add_argument("--bn-recalibrate", dest="bn_recalibrate", type=integer(0, INT_MAX),
+                       default=None, metavar="N",
+                       help="re-estimate batch-norm statistics from N training batches at the "
+                            "end of every epoch (with -e: before evaluating); 0: never (default:"
+                            " automatically, on about 1024 images, wherever they went stale)")
     group.add_argument("--momentum", type=real(0.0, 1.0, high_open=True), default=0.9,
                        help="SGD momentum, in [0, 1)")
     group.add_argument("--wd", "--weight-decay", dest="weight_decay", type=real(0.0, None),

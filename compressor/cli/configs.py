@@ -85,7 +85,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        loader=loader_config(args), print_freq=args.print_freq,
                        compress=_path(args.compress), reset_optimizer=args.reset_optimizer,
                        distillation=distillation_config(args), reports=reports,
-                       bn_momentum=args.bn_momentum)
+                       bn_momentum=args.bn_momentum, bn_recalibrate=args.bn_recalibrate)
 
 
 def quantize_config(args: argparse.Namespace) -> QuantizeConfig:

@@ -9,6 +9,7 @@ the search, or the fine-tune, where it stopped.
 
 from __future__ import annotations
 
+import copy
 import logging
 import sys
 import time
@@ -28,7 +29,12 @@ from compressor.budget.measure import LatencySetting, search_measures
 from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
 from compressor.budget.search import STATE_VERSION, Budget, BudgetSearch
 from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
-from compressor.commands.train import check_resume_epochs, run_training, start_distillation
+from compressor.commands.train import (
+    check_resume_epochs,
+    recalibrator,
+    run_training,
+    start_distillation,
+)
 from compressor.data import DatasetSplits
 from compressor.models.inference import inference_copy
 from compressor.reports.budget import (
@@ -183,13 +189,25 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
     size_scale = QE_SIZE_FRACTION if state.get("quantize") else 1.0
     score = evaluation_fn(_search_subset(data.val, setup.seed), run.train.loader, ctx,
                           desc="search")
+    recalibrate = recalibrator(data.train, run.train, setup.seed, ctx)
+    spent = {"seconds": 0.0, "candidates": 0}
 
     def validate(candidate: nn.Module) -> Mapping[str, float]:
-        return score(inference_copy(candidate))  # frozen while scored: the faster form
+        # a pruned candidate's running statistics are the dense model's, stale: re-estimated
+        # (on a copy, the same batches for every candidate) it is judged as it will be used
+        work = copy.deepcopy(candidate)
+        done = recalibrate(work, "search", log=False) if recalibrate.enabled else None
+        if done is not None:
+            spent["seconds"] += done.seconds
+            spent["candidates"] += 1
+        state["recalibration"] = dict(spent, batches=recalibrate.batches,
+                                      enabled=recalibrate.enabled)
+        return score(inference_copy(work))  # frozen while scored: the faster form
 
     measure, measure_latencies = search_measures(model, latency, size_scale=size_scale,
                                                  timed=_timed_by_rank0)
-    return BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"]), validate,
+    return BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"],
+                        accuracy_drop=state.get("accuracy_drop")), validate,
                         measure, state=state, measure_latencies=measure_latencies)
 
 
@@ -202,6 +220,11 @@ def _search(search: BudgetSearch, run: BudgetRun, ctx: DistContext, model: nn.Mo
     state = search.state
     state["search_seconds"] = float(state.get("search_seconds", 0.0)) + (
         time.perf_counter() - started)
+    spent = state.get("recalibration")
+    if spent and spent.get("candidates"):
+        LOG.info("budget search: batch-norm statistics re-estimated for each of %d candidates "
+                 "on %d training batches, %.1fs in all", spent["candidates"], spent["batches"],
+                 spent["seconds"])
     if "dense_test_top1" not in state:  # for the report, not the search: timed apart
         test = evaluation_fn(data.test, run.train.loader, ctx)(model)
         state["dense_test_top1"] = float(test["top1"])
@@ -240,6 +263,7 @@ def _new_state(run: BudgetRun, setup: RunSetup, ctx: DistContext) -> dict[str, A
     state: dict[str, Any] = {"version": STATE_VERSION, "targets": dict(run.budget.targets),
                              "evaluations": {}, "quantize": run.quantize is not None,
                              "max_drop": run.budget.max_drop, "epochs": run.train.epochs,
+                             "accuracy_drop": run.budget.accuracy_drop,
                              "teacher": _teacher(run, setup),
                              "dense_source": _dense_source(setup)}
     if "latency" in run.budget.targets:
@@ -253,8 +277,12 @@ def _write_schedule(state: dict[str, Any], epochs: int, run_dir: Path, write: bo
     groups = [ChannelGroup.from_state(g) for g in state["groups"]]
     schedule = budget_schedule(groups, state["chosen"], epochs)
     targets = ", ".join(f"{q} {v:g}" for q, v in sorted(state["targets"].items()))
+    aim = f"targets: {targets} of the dense model"
+    if state.get("accuracy_drop") is not None:
+        aim = (f"{', '.join(sorted(state['targets']))} minimized within "
+               f"{state['accuracy_drop']:g} validation top-1 points")
     text = schedule_text(schedule, [
-        f"Written by a compressor budget run (targets: {targets} of the dense model).",
+        f"Written by a compressor budget run ({aim}).",
         f"Prunes over the first {pruning_epochs(epochs)} of {epochs} epochs, then thins; "
         "rerun with --compress THIS_FILE."])
     state["schedule"] = text
@@ -307,18 +335,24 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
         tuned_started = time.perf_counter()
         results = run_training(setup, ctx, model, data, writer_dir,
                                replace(config, compress=schedule_path), record, distillation,
-                               extra={"budget": state})
+                               extra={"budget": state}, use_best=True)
+        validate = evaluation_fn(data.val, run.train.loader, ctx, desc="validate")
+        scores: dict[str, Any] = {"val_top1": float(validate(model)["top1"]),
+                                  "test_top1": float(results["top1"]),
+                                  "model_epoch": results["model_epoch"],
+                                  "num_classes": setup.description.num_classes}
         results, final_model = _quantize_last(run, setup, ctx, model, data, writer_dir, record,
                                               results)
-        final_val = float(evaluation_fn(data.val, run.train.loader, ctx, desc="validate")(
-            final_model)["top1"])
+        if final_model is not model:
+            scores["int8_val_top1"] = float(validate(final_model)["top1"])
+            scores["int8_test_top1"] = float(results.get("quantized_top1", results["top1"]))
         final_figures = _final_figures(state, model, results)
         fine_tune = {"epochs": config.epochs, "distillation": distillation is not None,
                      "seconds": time.perf_counter() - tuned_started,
-                     "quantized": run.quantize is not None}
-        report = budget_report(state, model, final_figures, final_val,
-                               float(results.get("quantized_top1", results["top1"])), setup.arch,
-                               setup.dataset, fine_tune)
+                     "quantized": run.quantize is not None,
+                     "model_epoch": results["model_epoch"]}
+        report = budget_report(state, model, final_figures, scores, setup.arch, setup.dataset,
+                               fine_tune)
         if ctx.is_main:  # the other ranks write nothing: no model figures (seconds) for them
             results = {**model_facts(model, run_dir), **results, "budget_met": report["met"],
                        "time": time.perf_counter() - started}

@@ -21,6 +21,13 @@ from compressor.data import DatasetSplits
 from compressor.models.description import description_of
 from compressor.quantization.recipe import quantization_kind
 from compressor.reports import open_epoch_reports
+from compressor.training.batchnorm import (
+    Recalibration,
+    recalibrate_batch_norm,
+    recalibration_batches,
+    settle_steps,
+)
+from compressor.training.best import BestEpoch, parameter_counts
 from compressor.training.checkpoint import get_rng_state, save_run_checkpoint, set_rng_state
 from compressor.training.dataloaders import epoch_seed, eval_loader, seed_everything, train_loader
 from compressor.training.loop import evaluate, train_one_epoch
@@ -31,12 +38,85 @@ from compressor.utils.distributed import DistContext, all_reduce_sum
 from compressor.utils.errors import UsageError
 
 __all__ = ["TrainState", "HEAD_LR_FACTOR", "set_bn_momentum", "check_head_lr",
-           "check_resume_epochs", "start_distillation", "run_training"]
+           "check_resume_epochs", "start_distillation", "run_training", "recalibrator",
+           "Recalibrator", "RECALIBRATION_SEED_OFFSET"]
 
 LOG = logging.getLogger("compressor")
 # A newly initialised classifier learns at this multiple of the backbone's --lr (Caffe's
 # fine-tuning recipe: the new layer at lr_mult 10; fast.ai's discriminative rates)
 HEAD_LR_FACTOR = 10.0
+# batch-norm re-estimations read the training split in an order of their own (seed + this)
+RECALIBRATION_SEED_OFFSET = 7_777
+
+
+class Recalibrator:
+    """Re-estimates a model's batch-norm statistics on training batches (see
+    compressor.training.batchnorm): the same batches for the same tag, on every rank."""
+
+    def __init__(self, dataset: Any, batch_size: int, workers: int, seed: int,
+                 ctx: DistContext, requested: int | None) -> None:
+        self.dataset, self.batch_size, self.workers = dataset, batch_size, workers
+        self.seed, self.ctx = seed + RECALIBRATION_SEED_OFFSET, ctx
+        self.requested = requested
+        self.batches = recalibration_batches(batch_size, requested)
+
+    @property
+    def enabled(self) -> bool:
+        """False with --bn-recalibrate 0."""
+        return self.requested != 0
+
+    def __call__(self, model: nn.Module, reason: str, tag: int = 0, log: bool = True
+                 ) -> Recalibration | None:
+        """Re-estimate `model`'s statistics (logged with `reason` if `log`); None when turned
+        off."""
+        if not self.enabled:
+            return None
+        loader = train_loader(self.dataset, self.batch_size, self.workers, self.seed, tag,
+                              self.ctx)
+        done = recalibrate_batch_norm(model, loader, self.batches, self.ctx.device,
+                                      reduce=all_reduce_sum if self.ctx.enabled else None,
+                                      seed=epoch_seed(self.seed, tag, self.ctx.rank))
+        if done.norms and log:
+            LOG.info("%s", done.describe(reason))
+        return done
+
+
+def recalibrator(dataset: Any, config: TrainConfig, seed: int, ctx: DistContext
+                 ) -> Recalibrator:
+    """The run's batch-norm re-estimation on `dataset` (its training split)."""
+    return Recalibrator(dataset, config.loader.batch_size, config.loader.workers, seed, ctx,
+                        config.bn_recalibrate)
+
+
+def _fingerprint(model: nn.Module) -> tuple[tuple[tuple[int, ...], ...], int]:
+    """What changes when pruning or thinning changes the model: parameter shapes and the
+    number of weights at exactly zero."""
+    with torch.no_grad():
+        zeros = sum(int((param == 0).sum()) for param in model.parameters())
+    return tuple(tuple(param.shape) for param in model.parameters()), zeros
+
+
+def _pruned_since(before: tuple[tuple[tuple[int, ...], ...], int], model: nn.Module) -> bool:
+    """Whether thinning changed a shape or pruning zeroed more weights since `before`."""
+    shapes, zeros = _fingerprint(model)
+    return shapes != before[0] or zeros > before[1]
+
+
+def _stale_reason(model: nn.Module, config: TrainConfig, steps: int, changed: bool,
+                  last_of_fine_tune: bool) -> str | None:
+    """Why the running statistics need re-estimating after an epoch (None: they do not)."""
+    if config.bn_recalibrate == 0:
+        return None
+    if config.bn_recalibrate is not None:
+        return "--bn-recalibrate"
+    if changed:
+        return "the model was pruned or thinned this epoch"
+    settle = settle_steps(model)
+    if steps < settle:
+        return f"{steps} steps are too few for running statistics to settle ({settle})"
+    if last_of_fine_tune:
+        return "the end of a fine-tune from pretrained weights"
+    return None
 
 
 @dataclass
@@ -92,16 +172,17 @@ def _load_compression(config: TrainConfig, model: nn.Module,
     return compression_scheduler(config.compress, model, optimizer, seed=seed)
 
 
-def _epoch_row(epoch: int, lr: float, train: Mapping[str, float], val: Mapping[str, float]
-               ) -> dict[str, Any]:
+def _epoch_row(epoch: int, lr: float, train: Mapping[str, float], val: Mapping[str, float],
+               counts: tuple[int, int]) -> dict[str, Any]:
     """One metrics.csv row (and one entry of the checkpoint's history); top-5 columns where the
-    metrics have them (more than 5 classes)."""
+    metrics have them (more than 5 classes); the model's non-zero and total parameters (what
+    ranks the best epoch)."""
     row: dict[str, Any] = {"epoch": epoch, "lr": lr}
     for split, metrics in (("train", train), ("val", val)):
         row.update({f"{split}_{key}": metrics[key] for key in ("loss", "top1", "top5")
                     if key in metrics})
-    return {**row, "train_time": round(train["time"], 3),
-            "train_cpu_time": round(train["cpu_time"], 3)}
+    return {**row, "nonzero_params": counts[0], "params": counts[1],
+            "train_time": round(train["time"], 3), "train_cpu_time": round(train["cpu_time"], 3)}
 
 
 def _epoch_line(epoch: int, train: Mapping[str, float], val: Mapping[str, float]) -> str:
@@ -214,13 +295,14 @@ def start_distillation(config: TrainConfig, setup: RunSetup, student: nn.Module,
 
 def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: DatasetSplits,
                  run_dir: Path | None, config: TrainConfig, args_record: Mapping[str, Any],
-                 distillation: Any = None, extra: Mapping[str, Any] | None = None
-                 ) -> dict[str, Any]:
+                 distillation: Any = None, extra: Mapping[str, Any] | None = None,
+                 use_best: bool = False) -> dict[str, Any]:
     """Train from the start or the checkpoint's epoch to config.epochs; returns final metrics.
 
     `distillation` is what start_distillation returned (built before the run directory, so
     its refusals leave no file behind); `extra` holds checkpoint keys a command adds (a budget
-    run's search state).
+    run's search state). With `use_best`, the model ends with the best epoch's weights (see
+    compressor.training.best) and the test metrics are that epoch's (`model_epoch`).
     """
     optimizer = make_optimizer(_parameter_groups(model, setup.model.new_layers, config.optimizer),
                                config.optimizer)
@@ -237,9 +319,13 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     monitor = eval_loader(monitor_set, loader_cfg.batch_size, loader_cfg.workers, ctx)
     reduce = all_reduce_sum if ctx.enabled else None
     reports = open_epoch_reports(config.reports, run_dir, model)
+    recalibrate = recalibrator(data.train, config, setup.seed, ctx)
+    fine_tune = setup.model.pretrained or bool(setup.model.new_layers)
+    best = BestEpoch(state.history, state.best_epoch, keep_weights=use_best)
     with _heap_frozen(), reports:
         for epoch in range(state.start_epoch, config.epochs):
             seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
+            before = _fingerprint(model) if recalibrate.enabled else ((), 0)
             net = _begin_epoch(compression, epoch, model, net, ctx)
             loader = train_loader(data.train, loader_cfg.batch_size, loader_cfg.workers,
                                   setup.seed, epoch, ctx)
@@ -250,12 +336,17 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
             train = train_one_epoch(trained, loader, epoch_loss, optimizer, ctx.device, epoch,
                                     hooks=compression, print_freq=config.print_freq,
                                     reduce=reduce)
+            if recalibrate.enabled:
+                reason = _stale_reason(model, config, len(loader), _pruned_since(before, model),
+                                       fine_tune and epoch == config.epochs - 1)
+                if reason is not None:
+                    recalibrate(model, reason, epoch)
             val = evaluate(net, monitor, ctx.device, reduce=reduce, desc="validate")
             if compression is not None:
                 compression.on_epoch_end(epoch, metrics=val)
-            state.history.append(_epoch_row(epoch, lr, train, val))
+            state.history.append(_epoch_row(epoch, lr, train, val, parameter_counts(model)))
             reports.epoch_end(epoch, state.history[-1], model, compression)
-            is_best = val["top1"] > state.best_top1
+            is_best = best.update(state.history[-1], model)
             if is_best:
                 state.best_top1, state.best_epoch = val["top1"], epoch
             LOG.info("%s", _epoch_line(epoch, train, val))
@@ -268,9 +359,15 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
                     epoch=epoch, best_top1=state.best_top1, best_epoch=state.best_epoch,
                     rng=get_rng_state(), history=state.history, **(extra or {})), is_best)
                 write_metrics_csv(run_dir, state.history)
+    last_epoch = state.history[-1]["epoch"] if state.history else state.start_epoch - 1
+    model_epoch = last_epoch
+    if use_best:
+        resumed_from = setup.checkpoint_path.parent if setup.checkpoint_path else None
+        model_epoch = best.restore(model, last_epoch, resumed_from)
+        if recalibrate.enabled:  # what later steps (int8, export) start from
+            recalibrate(model, "the run's final model", config.epochs)
     test = evaluate(net, eval_loader(data.test, loader_cfg.batch_size, loader_cfg.workers, ctx),
                     ctx.device, reduce=reduce, desc="test")
-    last_epoch = state.history[-1]["epoch"] if state.history else state.start_epoch - 1
     return {**test, "epoch": last_epoch, "best_top1": state.best_top1,
-            "best_epoch": state.best_epoch,
+            "best_epoch": state.best_epoch, "model_epoch": model_epoch,
             "train_time": sum(row["train_time"] for row in state.history)}

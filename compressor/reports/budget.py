@@ -15,8 +15,10 @@ from compressor.reports.numbers import integer, significant
 from compressor.utils.atomic_io import atomic_write, atomic_write_text
 
 __all__ = ["budget_rows", "budget_table", "write_budget_json", "plot_pareto", "output_channels",
-           "budget_report", "unmet_line"]
+           "budget_report", "unmet_line", "collapsed", "CHANCE_FACTOR"]
 
+# A top-1 at or below this multiple of chance (100 / classes) is a collapsed model, never "met"
+CHANCE_FACTOR = 1.5
 _UNITS = {"macs": "MACs", "params": "parameters", "latency": "latency (s)", "size": "bytes"}
 
 
@@ -40,18 +42,25 @@ def _figure(quantity: str, value: float) -> str:
 
 def budget_table(report: Mapping[str, Any]) -> str:
     """The budgets and accuracies of a budget.json report as a GitHub-style table."""
-    rows = [[_UNITS.get(r["quantity"], r["quantity"]), f"{r['target']:.3f}",
+    rows = [[_UNITS.get(r["quantity"], r["quantity"]),
+             "minimized" if r["target"] is None else f"{r['target']:.3f}",
              f"{r['achieved']:.3f}", _figure(r["quantity"], r["dense"]),
              _figure(r["quantity"], r["final"]), "yes" if r["met"] else "NO"]
             for r in report["budgets"]]
     accuracy = report["accuracy"]
     floor = accuracy.get("max_drop")
-    rows.append(["val top-1 drop (pts)", "-" if floor is None else f"{floor:.2f}",
-                 f"{accuracy['drop']:.2f}", f"{accuracy['dense_val_top1']:.2f}",
-                 f"{accuracy['final_val_top1']:.2f}",
-                 "-" if accuracy["met"] is None else "yes" if accuracy["met"] else "NO"])
-    rows.append(["test top-1 (%)", "", "", f"{report['dense_test_top1']:.2f}",
-                 f"{report['final_test_top1']:.2f}", ""])
+    drops = accuracy.get("drops") or {"float": accuracy["drop"]}
+    epoch = accuracy.get("model_epoch")
+    shown_epoch = f", epoch {epoch}" if epoch is not None else ""
+    for kind, drop in drops.items():
+        final = accuracy.get(f"{kind}_val_top1", accuracy["final_val_top1"])
+        met = "-" if floor is None else "yes" if drop <= floor else "NO"
+        rows.append([f"val top-1 drop, {kind} (pts)", "-" if floor is None else f"{floor:.2f}",
+                     f"{drop:.2f}", f"{accuracy['dense_val_top1']:.2f}", f"{final:.2f}", met])
+    model = accuracy.get("model", "float")
+    rows.append([f"test top-1, {model}{shown_epoch} (%)", "", "",
+                 f"{report['dense_test_top1']:.2f}", f"{report['final_test_top1']:.2f}",
+                 "NO (chance)" if accuracy.get("collapsed") else ""])
     return tabulate(rows, headers=["budget", "target", "achieved", "dense", "final", "met"],
                     tablefmt="github", disable_numparse=True,
                     colalign=("left", "right", "right", "right", "right", "left"))
@@ -105,41 +114,88 @@ def _layers(state: Mapping[str, Any], model: nn.Module) -> list[dict[str, Any]]:
     rows = []
     for group, removed in zip(state["groups"], state["chosen"], strict=True):
         layer = group["weights"][0].rsplit(".", 1)[0]
+        blocks = int(group.get("blocks", 1))  # a group's units are one channel per block
         rows.append({"layer": layer, "weights": group["weights"],
-                     "channels_before": group["channels"], "removed_chosen": removed,
+                     "channels_before": group["channels"] * blocks,
+                     "removed_chosen": removed * blocks,
                      "channels_after": output_channels(model, layer)})
     return rows
 
 
+def collapsed(top1: float, num_classes: int) -> bool:
+    """Whether a top-1 (%) is at or below CHANCE_FACTOR times chance: a model that predicts
+    (nearly) one class, never a budget "met"."""
+    return num_classes > 1 and top1 <= CHANCE_FACTOR * 100.0 / num_classes
+
+
+def _drop_met(drop: float, floor: float | None) -> bool | None:
+    return None if floor is None else drop <= floor
+
+
 def budget_report(state: Mapping[str, Any], model: nn.Module, final_figures: Mapping[str, float],
-                  final_val_top1: float, test_top1: float, arch: str, dataset: str,
+                  scores: Mapping[str, Any], arch: str, dataset: str,
                   fine_tune: Mapping[str, Any]) -> dict[str, Any]:
-    """budget.json of a budget run: its search state, final model and figures as plain data."""
+    """budget.json of a budget run: its search state, final model and figures as plain data.
+
+    `scores`: `val_top1` and `test_top1` of the float model after the fine-tune (its best
+    epoch, `model_epoch`), `int8_val_top1` and `int8_test_top1` with --qe, and `num_classes`.
+    The accuracy floor (max_drop) holds for the float model and again for the int8 one; the
+    model handed over (int8 if there is one) must score above CHANCE_FACTOR x chance."""
     dense = state["dense_figures"]
     rows = budget_rows(state["targets"], dense, final_figures)
-    drop = float(state["dense_val_top1"]) - final_val_top1
+    if state.get("accuracy_drop") is not None:  # --target-accuracy-drop: minimized, no target
+        rows = [{**row, "target": None, "met": True} for row in rows]
+    dense_val = float(state["dense_val_top1"])
     floor = state.get("max_drop")
-    accuracy = {"dense_val_top1": float(state["dense_val_top1"]),
-                "final_val_top1": final_val_top1, "drop": drop, "max_drop": floor,
-                "met": None if floor is None else drop <= floor}
+    quantized = scores.get("int8_val_top1") is not None
+    final_val = float(scores["int8_val_top1"] if quantized else scores["val_top1"])
+    final_test = float(scores["int8_test_top1"] if quantized else scores["test_top1"])
+    drops = {"float": dense_val - float(scores["val_top1"])}
+    if quantized:
+        drops["int8"] = dense_val - float(scores["int8_val_top1"])
+    floor_met = [_drop_met(drop, floor) for drop in drops.values()]
+    accuracy = {"dense_val_top1": dense_val, "final_val_top1": final_val,
+                "float_val_top1": float(scores["val_top1"]),
+                "int8_val_top1": float(scores["int8_val_top1"]) if quantized else None,
+                "drop": dense_val - final_val, "drops": drops, "max_drop": floor,
+                "met": None if floor is None else all(floor_met),
+                "model": "int8" if quantized else "float",
+                "model_epoch": scores.get("model_epoch"),
+                "chance_top1": 100.0 / max(int(scores["num_classes"]), 1),
+                "collapsed": collapsed(min(final_val, final_test), int(scores["num_classes"]))}
     return {"arch": arch, "dataset": dataset, "budgets": rows, "accuracy": accuracy,
-            "met": all(r["met"] for r in rows) and accuracy["met"] is not False,
-            "dense_test_top1": float(state["dense_test_top1"]), "final_test_top1": test_top1,
+            "met": all(r["met"] for r in rows) and accuracy["met"] is not False
+            and not accuracy["collapsed"],
+            "dense_test_top1": float(state["dense_test_top1"]), "final_test_top1": final_test,
+            "float_test_top1": float(scores["test_top1"]),
             "layers": _layers(state, model), "latency": state.get("latency"),
             "search": {"groups": len(state["groups"]), "evaluations": len(state["evaluations"]),
                        "seconds": float(state.get("search_seconds", 0.0)),
-                       "met_before_fine_tune": bool(state.get("search_met"))},
+                       "met_before_fine_tune": bool(state.get("search_met")),
+                       "batch_norm_recalibration": state.get("recalibration")},
             "fine_tune": dict(fine_tune)}
 
 
 def unmet_line(report: Mapping[str, Any], run_dir: Path) -> str:
-    """One line: which budgets were missed and by how much, and where the model is."""
+    """One line: which budgets were missed and by how much, and where the model is; for a
+    model at chance, the likely cause and the fix."""
+    accuracy = report["accuracy"]
+    where = run_dir / "best.pth.tar"
+    if accuracy.get("collapsed"):
+        return (f"budget not met: the {accuracy['model']} model scores "
+                f"{min(accuracy['final_val_top1'], report['final_test_top1']):.2f}% top-1, "
+                f"at chance ({accuracy['chance_top1']:.2f}% for "
+                f"{round(100 / accuracy['chance_top1'])} classes), likely because the targets "
+                "remove more than the fine-tune recovers or the fine-tune diverged; raise the "
+                "--target-* fractions, add --epochs or lower --lr, or bound the loss with "
+                f"--target-accuracy-drop (the model is in {where})")
     missed = [f"{r['quantity']} at {r['achieved']:.3f} of dense, target {r['target']:.3f} "
               f"({r['achieved'] - r['target']:.3f} over)" for r in report["budgets"]
-              if not r["met"]]
-    accuracy = report["accuracy"]
+              if not r["met"] and r["target"] is not None]
     if accuracy["met"] is False:
-        missed.append(f"validation top-1 dropped {accuracy['drop']:.2f} points, floor "
-                      f"{accuracy['max_drop']:.2f}")
+        for kind, drop in accuracy.get("drops", {"float": accuracy["drop"]}).items():
+            if drop > accuracy["max_drop"]:
+                missed.append(f"{kind} validation top-1 dropped {drop:.2f} points, floor "
+                              f"{accuracy['max_drop']:.2f}")
     return (f"budget not met: {'; '.join(missed)}; the best model found is saved in "
-            f"{run_dir / 'checkpoint.pth.tar'}")
+            f"{where}")

@@ -120,6 +120,9 @@ class BudgetConfig:
     latency_batch: int = 1
     latency_threads: int = 1
     distill: bool = True  # fine-tune with the dense model as teacher
+    # --target-accuracy-drop: the search removes as much of `targets`' one quantity (fraction
+    # 1.0) as keeps validation top-1 within this many points of the dense model's
+    accuracy_drop: float | None = None
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,8 @@ class TrainConfig:
     distillation: DistillationConfig | None = None
     reports: ReportConfig = ReportConfig()
     bn_momentum: float | None = None  # --bn-momentum: every batch norm's, while training
+    # --bn-recalibrate: batches of a batch-norm re-estimation (None: automatic, 0: never)
+    bn_recalibrate: int | None = None
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]],
