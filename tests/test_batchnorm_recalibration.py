@@ -133,3 +133,43 @@ def test_a_short_run_is_evaluated_with_settled_statistics_and_resumes_exactly(
     a = load_checkpoint(tmp_path / "straight" / "checkpoint.pth.tar")["state_dict"]
     b = load_checkpoint(tmp_path / "continued" / "checkpoint.pth.tar")["state_dict"]
     assert all(torch.equal(a[name], b[name]) for name in a)  # running statistics included
+
+
+def test_qat_folded_batch_norms_are_re_estimated_and_its_ranges_left_alone() -> None:
+    from compressor.models import create_model
+    from compressor.quantization.qat.build import build_qat_quantizer
+    from compressor.quantization.qat.fold import FoldedBatchNorm
+
+    torch.manual_seed(0)
+    model = create_model("simplenet_digits", "digits")
+    build_qat_quantizer("QuantAwareTrainRangeLinearQuantizer",
+                        {"bits_activations": 8, "bits_weights": 8, "mode": "ASYMMETRIC_UNSIGNED",
+                         "per_channel_wts": True, "ema_decay": 0.9}, "test").prepare(model)
+    model.train()
+    model(torch.randn(16, 1, 8, 8))  # ranges tracked once
+    assert isinstance(model.bn1, FoldedBatchNorm)
+    buffers = {name: t.clone() for name, t in model.named_buffers() if "bn" not in name}
+    before = model.bn1.running_mean.clone()
+    done = recalibrate_batch_norm(model, [torch.randn(16, 1, 8, 8) * 2 + 1], 1)
+    assert done.norms == 3 and not torch.equal(model.bn1.running_mean, before)
+    for name, tensor in model.named_buffers():  # observers were in eval mode: untouched
+        if name in buffers:
+            assert torch.equal(tensor, buffers[name]), name
+
+
+def test_evaluation_re_estimates_on_request_and_refuses_where_nothing_is_evaluated(
+        tmp_path: Path) -> None:
+    from tests.conftest import assert_user_error, run_main
+
+    trained = run_cli("-a", "simplenet_digits", "--epochs", "1", "-b", "256", *COMMON,
+                      "--bn-recalibrate", "0", "-o", str(tmp_path), "-n", "dense")
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    checkpoint = tmp_path / "dense" / "checkpoint.pth.tar"
+    evaluated = run_cli("-e", "--resume-from", str(checkpoint), "--bn-recalibrate", "3",
+                        *COMMON, "-o", str(tmp_path), "-n", "evaluated")
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert "re-estimated on 3 training batches" in evaluated.stdout
+    assert _results(tmp_path / "evaluated")["top1"] > _results(tmp_path / "dense")["top1"]
+    result = run_main("--resume-from", str(checkpoint), "--summary", "sparsity",
+                      "--bn-recalibrate", "3")
+    assert_user_error(result, "--summary does neither; drop --bn-recalibrate")

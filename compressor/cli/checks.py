@@ -32,6 +32,7 @@ def check_args(args: argparse.Namespace) -> None:
     _check_epoch_reports(args)
     _check_training_settings(args)
     _check_memory_budget(args)
+    _check_recalibration(args)
     _check_quantization(args)
 
 
@@ -54,6 +55,20 @@ def _check_training_settings(args: argparse.Namespace) -> None:
         if on:
             raise UsageError(f"{flag} sets how training runs, and {mode} trains none; drop "
                              f"{flag} (or {mode})")
+
+
+def _check_recalibration(args: argparse.Namespace) -> None:
+    """--bn-recalibrate N re-estimates batch norms while training or before evaluating (-e,
+    --thinnify, --sense, --qe): refused where no model is evaluated."""
+    if not args.bn_recalibrate:
+        return
+    mode = next((flag for flag, on in (("--summary", args.summary),
+                                       ("--dry-run", args.dry_run),
+                                       ("--export-onnx", args.export_onnx is not None)) if on),
+                None)
+    if mode is not None:
+        raise UsageError(f"--bn-recalibrate re-estimates batch norms for training or "
+                         f"evaluation, and {mode} does neither; drop --bn-recalibrate")
 
 
 def _check_memory_budget(args: argparse.Namespace) -> None:

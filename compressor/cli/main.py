@@ -44,8 +44,10 @@ from compressor.commands.common import (
 )
 from compressor.commands.evaluate import confusion_results, evaluate_model
 from compressor.commands.train import (
+    Recalibrator,
     check_head_lr,
     check_resume_epochs,
+    recalibrator,
     run_training,
     start_distillation,
 )
@@ -186,6 +188,7 @@ def run(args: argparse.Namespace) -> int:
                           arguments=args_record(args), started=started)
     data = load_run_data(setup, data_config(args, training), training)
     calibration = None if training else _calibration(args, setup, model, data)
+    recalibration = None if training else _recalibration(args, setup, ctx, data)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
     run_dir = choose_run_dir(args.output_dir, args.name, setup.arch, resume_dir)
     if ctx.is_main:
@@ -206,6 +209,8 @@ def run(args: argparse.Namespace) -> int:
                                    distillation)
         else:
             assert isinstance(data, EvaluationData)
+            if recalibration is not None:
+                recalibration(model, "--bn-recalibrate, before evaluating")
             results, model = _post_training(args, setup, ctx, model, data, writer_dir, config,
                                             record, calibration)
         if config.reports.confusion:
@@ -237,6 +242,22 @@ def _fit_memory_budget(args: argparse.Namespace, setup: RunSetup, model: nn.Modu
         model = apply_transform(model, MEMORY_EFFICIENT, choice.recipe)
         setup = replace(setup, model=replace(setup.model, description=description_of(model)))
     return setup, model, choice.describe()
+
+
+def _recalibration(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
+                   data: EvaluationData) -> Recalibrator | None:
+    """-e with --bn-recalibrate N: the re-estimation on the training split (with evaluation
+    transforms), read now, before any file is written."""
+    if not args.bn_recalibrate:
+        return None
+    source = calibration_source(setup, data_config(args, training=False), data.test, "train")
+    try:
+        dataset = source()
+    except CompressorError as exc:
+        raise UsageError(f"--bn-recalibrate reads training images: "
+                         f"{_one_line(exc).split('; calibration reads')[0]}; give the dataset "
+                         "with its training split, or drop --bn-recalibrate") from None
+    return recalibrator(dataset, train_config(args), setup.seed, ctx)
 
 
 def _calibration(args: argparse.Namespace, setup: RunSetup, model: nn.Module,
