@@ -3,10 +3,12 @@
 Torch-Pruning's dependency graph couples channels across residual additions, batch norms and
 concatenations. A group here is the set of layers that produce one coupled set of channels;
 pruning the same filters of all of them (ranked by the first, Distiller's `Leader`) makes the
-channels dead, and thinning removes them with everything that reads them. Groups that thinning
-leaves alone (a channel reaching the model's output, a zero-padded shortcut, a grouped
-convolution, a layer thinning does not know) are left out, as is any group that a probe
-shows thinning would not remove.
+channels dead, and thinning removes them with everything that reads them. Where a grouped
+convolution shares the channels, they go as Torch-Pruning's channel groups prune them: one
+unit is the same channel of every block (group) of the convolution, so every block loses the
+same number. Groups that thinning leaves alone (a channel reaching the model's output, a
+zero-padded shortcut, a grouped convolution reading only part of them, a layer thinning does
+not know) are left out, as is any group that a probe shows thinning would not remove.
 """
 
 from __future__ import annotations
@@ -42,11 +44,20 @@ PROBE_TOLERANCE = 1e-3
 class ChannelGroup:
     """Layers (weight names, the ranked leader first) whose filters are pruned together, and
     every module whose channels go with them: (name, role), role "out" for the producers,
-    "in" for layers reading the channels, "through" for depthwise convolutions and norms."""
+    "in" for layers reading the channels, "through" for depthwise convolutions and norms.
+    `channels` counts units of `blocks` channels each: unit j is channel j of every block of
+    channels // blocks (1 but where a grouped convolution shares them)."""
 
     weights: tuple[str, ...]
     channels: int
     members: tuple[tuple[str, str], ...] = ()
+    blocks: int = 1
+
+    def unit_channels(self, units: Tensor) -> Tensor:
+        """The channel indices of `units` (every block's channel of each unit)."""
+        units = torch.as_tensor(units, dtype=torch.long).reshape(-1)
+        offsets = torch.arange(self.blocks, dtype=torch.long) * self.channels
+        return (units[None, :] + offsets[:, None]).reshape(-1)
 
     @property
     def leader(self) -> str:
@@ -61,13 +72,37 @@ class ChannelGroup:
     def to_state(self) -> dict[str, Any]:
         """Plain values for a checkpoint."""
         return {"weights": list(self.weights), "channels": self.channels,
-                "members": [list(m) for m in self.members]}
+                "members": [list(m) for m in self.members], "blocks": self.blocks}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ChannelGroup:
         """The group to_state recorded."""
         return cls(tuple(state["weights"]), int(state["channels"]),
-                   tuple((m[0], m[1]) for m in state.get("members", ())))
+                   tuple((m[0], m[1]) for m in state.get("members", ())),
+                   int(state.get("blocks", 1)))
+
+
+def _blocks(group: Any, graph: Any) -> int | None:
+    """The number of blocks a group's channels go in: the groups of every grouped convolution
+    that shares them (1 where none does), or None where one reads or makes only part of them,
+    or two disagree (thinning could not keep their groups even)."""
+    found = {1}
+    for dep, idxs in group:
+        module = dep.target.module
+        if not is_grouped(module):
+            continue
+        size = module_sizes(module)[0 if graph.is_out_channel_pruning_fn(dep.handler) else 1]
+        if list(idxs) != list(range(size)) or list(_root_idxs(group, dep)) != list(idxs):
+            return None
+        found.add(module.groups)
+    return max(found) if len(found - {1}) <= 1 else None
+
+
+def _root_idxs(group: Any, dep: Any) -> list[int]:
+    for item in group.items:
+        if item.dep is dep:
+            return list(item.root_idxs)
+    return []
 
 
 def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str]] | None:
@@ -81,7 +116,7 @@ def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str]] | None:
             if type(module).__name__ == "_OutputOp" or pads_channels(module, graph):
                 return None
             continue
-        if not isinstance(module, THINNABLE) or is_grouped(module):
+        if not isinstance(module, THINNABLE):
             return None
         outputs = graph.is_out_channel_pruning_fn(dep.handler)
         if not isinstance(module, (CONV, nn.Linear)) or is_depthwise(module):
@@ -103,23 +138,26 @@ def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
     seen: set[tuple[str, ...]] = set()
     for group in graph.get_all_groups(root_module_types=(CONV, nn.Linear)):
         members = _members(group, graph)
-        if members is None:
+        blocks = _blocks(group, graph)
+        if members is None or blocks is None:
             continue
         producers = sorted({m for m, role in members if role == "out"}, key=order.__getitem__)
         sizes = {module_sizes(m)[0] for m in producers}
         weights = tuple(f"{names[m]}.weight" for m in producers)
-        if len(sizes) != 1 or weights in seen:
+        if len(sizes) != 1 or weights in seen or min(sizes) % blocks:
             continue
         seen.add(weights)
         roles = tuple(dict.fromkeys((names[m], role) for m, role in members))
-        found.append(ChannelGroup(weights, sizes.pop(), roles))
+        found.append(ChannelGroup(weights, sizes.pop() // blocks, roles, blocks))
     return found
 
 
 def leader_norms(model: nn.Module, group: ChannelGroup) -> Tensor:
-    """The mean absolute weight of each of the leader's filters (rows of a linear layer)."""
+    """The mean absolute weight of each of the leader's filters (rows of a linear layer), per
+    unit of the group: averaged over its blocks, as Torch-Pruning ranks channel groups."""
     weight = model.get_parameter(group.leader).detach()
-    return group_norms(weight, "Filters" if weight.dim() > 2 else "Rows", 1).cpu()
+    norms = group_norms(weight, "Filters" if weight.dim() > 2 else "Rows", 1).cpu()
+    return norms.view(group.blocks, -1).mean(dim=0)
 
 
 def leader_ranking(model: nn.Module, group: ChannelGroup) -> Tensor:
@@ -148,8 +186,10 @@ def _masked_modules(model: nn.Module, group: ChannelGroup,
 
 def mask_group_filters(model: nn.Module, group: ChannelGroup, channels: Tensor,
                        batchnorms: dict[str, str | None]) -> None:
-    """Zero `channels` of every layer of the group, with their biases and the batch norms that
-    follow them (in place), so the channels carry exact zeros as the structure pruners leave."""
+    """Zero `channels` (units) of every layer of the group, with their biases and the batch
+    norms that follow them (in place), so the channels carry exact zeros as the structure
+    pruners leave."""
+    channels = group.unit_channels(channels)
     with torch.no_grad():
         for module in _masked_modules(model, group, batchnorms):
             for name in ("weight", "bias"):
@@ -210,8 +250,8 @@ def prunable_groups(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
     recipe, exact = _probe_thinning(model, candidates, inputs, batchnorms)
     removed = recipe["modules"]
     kept = [g for g in candidates
-            if all(len(removed.get(w.rsplit(".", 1)[0], {}).get("out", [])) == g.channels // 2
-                   for w in g.weights)]
+            if all(len(removed.get(w.rsplit(".", 1)[0], {}).get("out", []))
+                   == g.channels // 2 * g.blocks for w in g.weights)]
     if exact:
         return kept
     return [g for g in kept if _probe_thinning(model, [g], inputs, batchnorms)[1]]

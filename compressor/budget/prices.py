@@ -37,6 +37,7 @@ def channel_prices(model: nn.Module, groups: Sequence[ChannelGroup]) -> dict[str
             layer_macs, layer_params = _member_price(module, role, macs.get(name, 0))
             saved_macs += layer_macs
             saved_params += layer_params
-        prices["macs"].append(saved_macs)
-        prices["params"].append(saved_params)
+        # a unit of a group that a grouped convolution shares is one channel per block
+        prices["macs"].append(saved_macs * group.blocks)
+        prices["params"].append(saved_params * group.blocks)
     return prices

@@ -45,6 +45,8 @@ def _pruner(group: ChannelGroup, fraction: float, steps: int) -> dict[str, Any]:
     }
     if len(group.weights) > 1:
         entry["group_dependency"] = "Leader"
+    if group.blocks > 1:
+        entry["channel_groups"] = group.blocks  # whole units, as the search chose them
     return entry
 
 

@@ -100,7 +100,10 @@ class RankedStructurePruner(StructurePruner):
     """Drop the `level` fraction of groups with the lowest scores (L1 or L2 norm by default).
 
     With group_dependency 'Leader' the first weight is ranked and its choice of groups is applied
-    to all the weights (so residual additions stay aligned). With the policy argument
+    to all the weights (so residual additions stay aligned). With `channel_groups` G > 1 (filter
+    groups shared with a grouped convolution of G groups) the filters go in units, as
+    Torch-Pruning prunes channel groups: unit j is filter j of each of the G blocks, scored by
+    their mean, so every block loses the same number. With the policy argument
     fold_batchnorm, filter scores are scaled by |gamma / sqrt(var + eps)| of the batch norm that
     follows the layer, so a filter is judged by its contribution after normalization.
     """
@@ -108,12 +111,20 @@ class RankedStructurePruner(StructurePruner):
     def __init__(self, name: str, weights: Sequence[str], *, group_type: str, norm: int = 1,
                  group_dependency: str | None = None, block_shape: Sequence[int] = (1, 1, 1, 1),
                  level: float | None = None, initial_sparsity: float | None = None,
-                 final_sparsity: float | None = None) -> None:
+                 final_sparsity: float | None = None, channel_groups: int = 1) -> None:
         super().__init__(name, weights, group_type=group_type, block_shape=block_shape,
                          level=level, initial_sparsity=initial_sparsity,
                          final_sparsity=final_sparsity)
         self.norm = norm
         self.group_dependency = group_dependency
+        self.channel_groups = channel_groups
+
+    def _keep(self, scores: Tensor, level: float) -> Tensor:
+        """The keep-mask over groups: by units of `channel_groups` blocks where G > 1."""
+        blocks = self.channel_groups
+        if blocks == 1:
+            return group_mask_from_scores(scores, level)
+        return group_mask_from_scores(scores.view(blocks, -1).mean(dim=0), level).repeat(blocks)
 
     def scores(self, name: str, weight: Tensor, step: PruneStep) -> Tensor:
         """One score per group; low scores are pruned first."""
@@ -137,7 +148,7 @@ class RankedStructurePruner(StructurePruner):
             return super().group_masks(params, step)
         level = self.level(step)
         leader = self.weights[0]
-        keep = group_mask_from_scores(self.scores(leader, params[leader], step), level)
+        keep = self._keep(self.scores(leader, params[leader], step), level)
         masks = {}
         for name in self.weights:
             masks[name] = expand_group_mask(keep, params[name], self.group_type, self.block_shape)
@@ -145,7 +156,7 @@ class RankedStructurePruner(StructurePruner):
 
     def mask_for_level(self, name: str, weight: Tensor, level: float, step: PruneStep) -> Tensor:
         """Drop the lowest-scoring groups of one weight."""
-        keep = group_mask_from_scores(self.scores(name, weight, step), level)
+        keep = self._keep(self.scores(name, weight, step), level)
         return expand_group_mask(keep, weight, self.group_type, self.block_shape)
 
 

@@ -87,8 +87,12 @@ def check_schedule_thinning(model: nn.Module, policies: Sequence[Any], source: s
     layers = thinned_layers(policies)
     if not layers or not described(model):
         return
+    # filters a pruner takes in units of a grouped convolution's groups (channel_groups)
+    blocks = {weight.rpartition(".")[0]: pruner.channel_groups for policy in policies
+              if (pruner := getattr(policy, "pruner", None)) is not None
+              and getattr(pruner, "channel_groups", 1) > 1 for weight in pruner.weights}
     try:
-        check_thinnable(unwrap_model(model), probe_batch(model), layers)
-        rehearse_thinning(unwrap_model(model), probe_batch(model), layers)
+        check_thinnable(unwrap_model(model), probe_batch(model), layers, blocks)
+        rehearse_thinning(unwrap_model(model), probe_batch(model), layers, blocks)
     except UsageError as exc:
         raise ScheduleError(f"{source}: {exc}") from None

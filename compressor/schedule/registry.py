@@ -84,6 +84,22 @@ def _block_shape(reader: EntryReader, group_type: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
+def _channel_groups(reader: EntryReader, resolver: ParamResolver, weights: list[str],
+                    group_type: str) -> int:
+    """channel_groups (filters shared with a grouped convolution go in that many blocks)."""
+    blocks = reader.raw("channel_groups", 1)
+    if not isinstance(blocks, int) or isinstance(blocks, bool) or blocks < 1:
+        reader.fail(f"channel_groups {shown(blocks)} is not a positive integer",
+                    "write the groups of the grouped convolution sharing the filters")
+    if blocks > 1 and group_type not in ("Filters", "Rows"):
+        reader.fail("channel_groups is only used with group_type Filters", "remove it")
+    for name in weights:
+        if resolver.params[name].shape[0] % blocks:
+            reader.fail(f"{name}: {resolver.params[name].shape[0]} filters do not split into "
+                        f"channel_groups {blocks}", "give the grouped convolution's groups")
+    return blocks
+
+
 def _ranked(norm: int, agp: bool, cls: type[RankedStructurePruner] = RankedStructurePruner
             ) -> Builder:
     def build(name: str, reader: EntryReader, resolver: ParamResolver) -> RankedStructurePruner:
@@ -92,8 +108,10 @@ def _ranked(norm: int, agp: bool, cls: type[RankedStructurePruner] = RankedStruc
         block_shape = _block_shape(reader, group_type)
         dependency = reader.choice("group_dependency", ("Leader",), None)
         weights = _weights(reader, resolver, group_type, block_shape)
+        blocks = _channel_groups(reader, resolver, weights, group_type)
+        extra = {"channel_groups": blocks} if blocks > 1 else {}
         return cls(name, weights, group_type=group_type, norm=norm,
-                   group_dependency=dependency, block_shape=block_shape, **levels)
+                   group_dependency=dependency, block_shape=block_shape, **levels, **extra)
     return build
 
 

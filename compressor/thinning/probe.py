@@ -6,7 +6,7 @@ is refused when the schedule is loaded, before any epoch runs or any file is wri
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
@@ -16,11 +16,13 @@ from compressor.thinning.thin import thin_model
 __all__ = ["rehearse_thinning"]
 
 
-def rehearse_thinning(model: nn.Module, inputs: Tensor,
-                      layers: Iterable[tuple[str, bool]]) -> None:
+def rehearse_thinning(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[str, bool]],
+                      blocks: Mapping[str, int] | None = None) -> None:
     """Thin a copy of `model` whose `layers` ((module name, True for its filters / False for
-    its input channels)) each have their first filter or input channel zeroed; thinning's
+    its input channels)) each have their first filter or input channel zeroed (the first of
+    each block where `blocks` names the pruner's channel_groups for the layer); thinning's
     refusals (UsageError) pass through, `model` is left as it was."""
+    blocks = blocks or {}
     rehearsal = copy.deepcopy(model)
     with torch.no_grad():
         for name, outputs in layers:
@@ -30,9 +32,11 @@ def rehearse_thinning(model: nn.Module, inputs: Tensor,
                     weight.shape[0 if outputs else 1] < 2):
                 continue  # a layer of one filter is kept whole
             if outputs:
-                weight[0] = 0.0
+                count = blocks.get(name, 1)
+                first = list(range(0, weight.shape[0], max(1, weight.shape[0] // count)))
+                weight[first] = 0.0
                 if isinstance(getattr(module, "bias", None), Tensor):
-                    module.bias[0] = 0.0
+                    module.bias[first] = 0.0
             else:
                 weight[:, 0] = 0.0
     thin_model(rehearsal, inputs=inputs)

@@ -91,11 +91,45 @@ def _thin_module(module: nn.Module, name: str, entry: dict[str, Any]) -> None:
         module.out_channels = module.in_channels = module.groups = len(keep_out)
         return
     if module.groups != 1:
-        raise CheckpointError(f"thinning recipe cannot thin the grouped convolution '{name}'")
+        _thin_grouped(module, name, entry, keep_out)
+        return
     _slice_param(module, "weight", 0, keep_out)
     _slice_param(module, "bias", 0, keep_out)
     _slice_param(module, "weight", 1, keep_in)
     module.out_channels, module.in_channels = len(keep_out), len(keep_in)
+
+
+def _per_group(size: int, groups: int, removed: Sequence[int], name: str) -> int:
+    """How many of each group's `size // groups` channels `removed` takes (the same in all)."""
+    block = size // groups
+    counts = {g: 0 for g in range(groups)}
+    for index in removed:
+        counts[int(index) // block] += 1
+    if len(set(counts.values())) != 1:
+        raise CheckpointError(f"thinning recipe removes different numbers of channels from the "
+                              f"groups of the grouped convolution '{name}'")
+    return counts[0]
+
+
+def _thin_grouped(module: nn.Module, name: str, entry: dict[str, Any], keep_out: Tensor
+                  ) -> None:
+    """Slice a grouped convolution that loses the same number of channels in every group: its
+    filters, and within each group of filters the inputs of that group it no longer reads."""
+    groups, (out_size, in_size) = module.groups, module_sizes(module)
+    _per_group(out_size, groups, entry.get("out", ()), name)
+    lost = _per_group(in_size, groups, entry.get("in", ()), name)
+    weight = module.weight.detach()
+    block_in, block_out = in_size // groups, out_size // groups
+    gone = set(int(i) for i in entry.get("in", ()))
+    rows = []
+    for g in range(groups):
+        local = torch.tensor([i for i in range(block_in) if g * block_in + i not in gone],
+                             dtype=torch.long, device=weight.device)
+        rows.append(weight[g * block_out:(g + 1) * block_out].index_select(1, local))
+    module.weight = nn.Parameter(torch.cat(rows).clone(), requires_grad=module.weight.requires_grad)
+    _slice_param(module, "weight", 0, keep_out)
+    _slice_param(module, "bias", 0, keep_out)
+    module.out_channels, module.in_channels = len(keep_out), in_size - lost * groups
 
 
 def apply_thinning_recipe(model: nn.Module, recipe: dict[str, Any]) -> nn.Module:

@@ -5,12 +5,13 @@ beyond it, and are refused in one line naming the layer rather than thinned wron
 - a channel shuffle (ShuffleNet: channels viewed as groups and transposed), whose interleaving
   Torch-Pruning's graph cannot follow;
 - a grouped convolution that is not depthwise (ResNeXt, AlexNet's two towers): its channels can
-  only go the same number per group, which zeroed filters seldom are.
+  only go the same number per group, which zeroed filters seldom are unless a pruner takes
+  them in units of its groups (`channel_groups`, as Torch-Pruning prunes channel groups).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -131,16 +132,18 @@ def _coupled_modules(graph: Any, module: nn.Module, outputs: bool) -> list[nn.Mo
     return [dep.target.module for dep, _ in group if isinstance(dep.target.module, nn.Module)]
 
 
-def check_thinnable(model: nn.Module, inputs: Tensor,
-                    layers: Iterable[tuple[str, bool]]) -> None:
+def check_thinnable(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[str, bool]],
+                    blocks: Mapping[str, int] | None = None) -> None:
     """Refuse, in one line, thinning the channels of `layers` ((module name, True for its
-    filters / False for its input channels)) where a grouped convolution shares them."""
+    filters / False for its input channels)) where a grouped convolution shares them, unless
+    they go in units of its groups (`blocks`: layer -> the pruner's channel_groups)."""
+    blocks = blocks or {}
     graph = dependency_graph(model, inputs)
     names = {module: name for name, module in model.named_modules()}
     modules = dict(model.named_modules())
     for layer, outputs in layers:
         for coupled in _coupled_modules(graph, modules[layer], outputs):
-            if is_grouped(coupled):
+            if is_grouped(coupled) and blocks.get(layer, 1) != coupled.groups:
                 what = "filters" if outputs else "input channels"
                 raise UsageError(
                     f"thinning cannot remove the {what} of '{layer}': grouped convolution "

@@ -2,7 +2,8 @@
 
 Torch-Pruning's dependency graph finds the coupled layers of every channel (batch norms,
 the next layers' inputs, residual additions that must stay aligned, the first linear layer
-after a flatten, concatenations). This module decides which channels are dead, folds the
+after a flatten, concatenations, grouped convolutions: those lose the same number of channels
+in each of their groups, or none). This module decides which channels are dead, folds the
 constant that a dead channel may still carry (a batch norm's shift) into the next layer, and
 records everything as a plain recipe that `apply_thinning_recipe` replays.
 """
@@ -78,8 +79,8 @@ def _zero_slices(module: nn.Module, idxs: list[int]) -> list[bool]:
 
 def _unused_roots(consumers: list[tuple[nn.Module, list[int], list[int]]]) -> set[int]:
     """Roots whose every reader has an all-zero input slice (a pruned channel/column)."""
-    if any(is_depthwise(module) for module, _, _ in consumers):
-        return set()
+    if any(is_depthwise(module) or is_grouped(module) for module, _, _ in consumers):
+        return set()  # their input channels are not columns of the weight
     unused = {r for _, _, rs in consumers for r in rs}
     for module, idxs, rs in consumers:
         zero = _all_zero_along(module, 1, idxs)
@@ -115,8 +116,9 @@ class _Plan:
 
 def _refuse_grouped(items: list[tuple[nn.Module, bool, list[int], list[int]]],
                     names: dict[nn.Module, str]) -> None:
-    """A group with a grouped (not depthwise) convolution keeps its channels: refuse when some
-    are dead (every producer's filter zero), rather than leave them silently."""
+    """A group whose dead channels a grouped (not depthwise) convolution would lose unevenly
+    keeps them: refuse when some are dead (every producer's filter zero), rather than leave
+    them silently."""
     grouped = next((m for m, _, _, _ in items if is_grouped(m)), None)
     producers = [(m, i, r) for m, out, i, r in items
                  if out and isinstance(m, (CONV, nn.Linear)) and not is_depthwise(m)]
@@ -135,6 +137,41 @@ def _refuse_grouped(items: list[tuple[nn.Module, bool, list[int], list[int]]],
                      f"'{names[source]}'{shared}: a grouped convolution can only lose the same "
                      "number of channels per group; prune other layers, or keep the model "
                      "unthinned (masks keep the zeros)")
+
+
+def _blocks_of(items: list[tuple[nn.Module, bool, list[int], list[int]]], dead: set[int]
+               ) -> list[list[list[int]]]:
+    """Per grouped convolution of a group, the dead roots that fall in each of its groups."""
+    found = []
+    for module, is_out, idxs, rs in items:
+        if not is_grouped(module):
+            continue
+        block = module_sizes(module)[0 if is_out else 1] // module.groups
+        blocks: list[list[int]] = [[] for _ in range(module.groups)]
+        for i, r in zip(idxs, rs, strict=True):
+            if r in dead:
+                blocks[i // block].append(r)
+        found.append(blocks)
+    return found
+
+
+def _balanced(items: list[tuple[nn.Module, bool, list[int], list[int]]], dead: set[int]
+              ) -> bool:
+    """Whether every grouped convolution of a group loses the same number of channels in each
+    of its groups (as Torch-Pruning's channel groups prune them); only then can it be thinned."""
+    return all(len({len(b) for b in blocks}) == 1 for blocks in _blocks_of(items, dead))
+
+
+def _even_out(items: list[tuple[nn.Module, bool, list[int], list[int]]], dead: set[int]
+              ) -> set[int]:
+    """`dead` less the channels that would make a grouped convolution lose more in some of its
+    groups than in others (kept: keeping a dead channel is always exact)."""
+    dead = set(dead)
+    while not _balanced(items, dead):
+        for blocks in _blocks_of(items, dead):
+            fewest = min(len(b) for b in blocks)
+            dead -= {r for b in blocks for r in sorted(b)[fewest:]}
+    return dead
 
 
 def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact: bool,
@@ -156,9 +193,6 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
         if max(idxs, default=-1) >= module_sizes(module)[0 if is_out else 1]:
             return 0  # the traced coupling does not fit this layer: leave the group alone
         items.append((module, is_out, list(idxs), list(_root_idxs(group, dep))))
-    if any(is_grouped(module) for module, _, _, _ in items):
-        _refuse_grouped(items, names)
-        return 0
     producers = [(m, i, r) for m, out, i, r in items
                  if out and isinstance(m, (CONV, nn.Linear)) and not is_depthwise(m)]
     consumers = [(m, i, r) for m, out, i, r in items
@@ -169,6 +203,8 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
     dead = {r for _, _, rs in producers for r in rs}
     for module, idxs, rs in producers:
         dead -= {r for r, zero in zip(rs, _zero_slices(module, idxs), strict=True) if not zero}
+    if not _balanced(items, dead):
+        _refuse_grouped(items, names)  # filters zeroed unevenly: not pruned in whole units
     dead -= unused
     folds: dict[nn.Module, dict[int, float]] = {}
     for module, idxs, rs in consumers:
@@ -182,15 +218,15 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
             if r not in dead or r in unused:
                 continue
             value = None if constants is None else constants[i]
-            if value is None or (value != 0.0 and is_depthwise(module)
-                                 and not _is_unpadded(module, graph)):
+            if value is None or (value != 0.0 and (is_grouped(module) or (
+                    is_depthwise(module) and not _is_unpadded(module, graph)))):
                 dead.discard(r)  # not provably constant here: keep the channel
             elif value != 0.0 and not is_depthwise(module):
                 if exact and not _is_unpadded(module, graph):
                     dead.discard(r)  # zero padding makes the constant position-dependent
                 else:
                     folds.setdefault(module, {})[i] = value
-    dead |= unused
+    dead = _even_out(items, dead | unused)
     if not dead:
         return 0
     for module, is_out, idxs, rs in items:

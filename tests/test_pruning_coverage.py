@@ -1,0 +1,103 @@
+"""Pruning groups for any model: on hand-written models coupling channels through
+squeeze-excitation, concatenations, grouped and depthwise convolutions and residual adds
+(tests/fixtures/coupled_nets.py), the budget search's groups cover at least what Torch-Pruning's
+dependency graph does, thin exactly, and the CLI meets a MACs budget on the model with all
+four, named as a user's own code."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from compressor.budget.groups import (
+    batchnorms_of,
+    leader_ranking,
+    mask_group_filters,
+    prunable_groups,
+)
+from compressor.reports.metrics import layer_costs
+from compressor.thinning.recipe import apply_thinning_recipe
+from compressor.thinning.thin import find_thinning
+from tests.conftest import run_cli, trained_like_batchnorms
+from tests.fixtures import coupled_nets
+
+FIXTURES = ("AllFourNet", "SEInvertedResidualNet", "DenseGroupedNet")
+CODE = Path(coupled_nets.__file__).resolve()
+COMMON = ("-j", "0", "-p", "0", "-b", "32", "--deterministic")
+SPLITS = ("--etrs", "0.05", "--etes", "0.1", "--evs", "0.2")
+DATA = ("--dataset", "synthetic", "--input-size", "3,32,32", "--num-classes", "10", *SPLITS)
+
+
+def _model(name: str) -> tuple[nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    model = trained_like_batchnorms(getattr(coupled_nets, name)()).eval()
+    return model, torch.randn(4, 3, 32, 32)
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_our_groups_cover_what_torch_pruning_does(name: str) -> None:
+    pytest.importorskip("torch_pruning", reason="the reference needs torch-pruning")
+    from compressor.budget.coverage import pruning_coverage
+
+    coverage = pruning_coverage(*_model(name))
+    assert coverage.torch_pruning > 0
+    assert coverage.ours >= coverage.torch_pruning, coverage
+
+
+def _macs(model: nn.Module) -> int:
+    return sum(cost.macs for cost in layer_costs(model, torch.zeros(1, 3, 32, 32)))
+
+
+def test_all_four_groups_thin_exactly_at_half_of_each_group() -> None:
+    """Masked and thinned models compute the same outputs: the channels left untouched carry
+    what they did, the grouped convolution keeps its groups and loses whole units."""
+    model, inputs = _model("AllFourNet")
+    groups = prunable_groups(model, inputs)
+    shared = {g.layer: g for g in groups}
+    assert shared["grouped.0"].blocks == 4 and "se.expand.weight" in shared["grouped.0"].weights
+    assert {"branch_a.0", "branch_b.0", "mix.0", "stem.0"} <= set(shared)
+    batchnorms = batchnorms_of(model, groups)
+    for group in groups:
+        mask_group_filters(model, group, leader_ranking(model, group)[:group.channels // 2],
+                           batchnorms)
+    with torch.no_grad():
+        masked = model(inputs)
+    thinned = copy.deepcopy(model)
+    recipe, _ = find_thinning(thinned, inputs, exact=True)
+    apply_thinning_recipe(thinned, recipe)
+    with torch.no_grad():
+        torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
+    grouped = thinned.get_submodule("grouped.0")
+    assert (grouped.groups, grouped.in_channels, grouped.out_channels) == (4, 32, 32)
+    assert _macs(thinned) <= 0.5 * _macs(model)
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """AllFourNet, the user's own code, trained one epoch on synthetic 32 px images."""
+    root = tmp_path_factory.mktemp("coverage")
+    result = run_cli("-a", f"{CODE}:AllFourNet", *DATA, *COMMON, "--epochs", "1", "--lr", "0.05",
+                     "-o", str(root), "-n", "dense")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "dense" / "checkpoint.pth.tar"
+
+
+def test_the_cli_meets_half_the_macs_on_the_all_four_model(dense: Path) -> None:
+    out = dense.parent.parent
+    result = run_cli("-a", f"{CODE}:AllFourNet", "--resume-from", str(dense), *SPLITS, *COMMON,
+                     "--target-macs", "0.5", "--epochs", "2", "--lr", "0.02",
+                     "-o", str(out), "-n", "budget")
+    report_path = out / "budget" / "budget.json"
+    assert report_path.is_file(), result.stderr[-3000:]
+    report = json.loads(report_path.read_text())
+    (macs,) = [row for row in report["budgets"] if row["quantity"] == "macs"]
+    assert macs["met"] and macs["achieved"] <= 0.5, macs
+    layers = {row["layer"]: row for row in report["layers"]}
+    assert layers["grouped.0"]["channels_before"] == 64  # the grouped convolution's filters
+    for row in report["layers"]:
+        assert row["channels_after"] == row["channels_before"] - row["removed_chosen"]
