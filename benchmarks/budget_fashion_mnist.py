@@ -143,6 +143,7 @@ class Settings:
     budgets: tuple[str, ...]
     arms: tuple[str, ...]
     out: Path
+    arch: str = ARCH
 
 
 def _common_flags(s: Settings, seed: int) -> list[str]:
@@ -168,7 +169,7 @@ def train_dense(s: Settings, seed: int) -> Path:
     if not (out / "dense" / "results.json").exists():
         schedule = out / "dense.yaml"
         schedule.write_text(_dense_schedule(s.epochs))
-        run_cli_logged("-a", ARCH, "--dataset", DATASET, *_common_flags(s, seed), "--epochs",
+        run_cli_logged("-a", s.arch, "--dataset", DATASET, *_common_flags(s, seed), "--epochs",
                        str(s.epochs), "--lr", str(s.lr), "--compress", str(schedule), "-o",
                        str(out), "-n", "dense", log=s.out / "runs.log")
     return out / "dense" / "checkpoint.pth.tar"
@@ -212,28 +213,39 @@ def run_ours(s: Settings, seed: int, budget: str, dense: Path, kd: bool) -> ArmR
 
 
 # -- uniform L1 filters ------------------------------------------------------------------------
-def run_uniform(s: Settings, seed: int, budget: str, dense: Path) -> ArmResult:
-    """Uniform-fraction L1 filter pruning + thinning, fine-tuned by a CLI schedule run."""
+def _kd_flags(s: Settings, dense: Path) -> list[str]:
+    """The distillation a budget run gives its fine-tune by default: the dense model teaching
+    at temperature 1, distillation and student weights 0.5."""
+    return ["--kd-teacher", s.arch, "--kd-resume", str(dense), "--kd-temp", "1", "--kd-dw",
+            "0.5", "--kd-sw", "0.5"]
+
+
+def run_uniform(s: Settings, seed: int, budget: str, dense: Path, kd: bool = False
+                ) -> ArmResult:
+    """Uniform-fraction L1 filter pruning + thinning, fine-tuned by a CLI schedule run (with
+    `kd`, distilled from the dense model as our budget runs are)."""
     quantity, target = budget_target(budget)
     out = s.out / f"seed{seed}"
-    run_dir = out / f"{budget}-uniform"
-    record_path = out / f"{budget}-uniform.json"
+    arm = "uniform-kd" if kd else "uniform"
+    run_dir = out / f"{budget}-{arm}"
+    record_path = out / f"{budget}-{arm}.json"
     if not record_path.exists():
         started = time.perf_counter()
         groups, removed, found = uniform_fraction(load_model(dense).eval(), quantity, target)
         search_s = time.perf_counter() - started
-        schedule = out / f"{budget}-uniform.yaml"
+        schedule = out / f"{budget}-{arm}.yaml"
         schedule.write_text(schedule_text(budget_schedule(groups, removed, s.ft_epochs), [
             f"Uniform L1 filter pruning: {found['fraction']:.4f} of every group's filters "
             f"({budget}), written by benchmarks/budget_fashion_mnist.py."]))
-        run_cli_logged("-a", ARCH, "--dataset", DATASET, *_common_flags(s, seed),
+        run_cli_logged("-a", s.arch, "--dataset", DATASET, *_common_flags(s, seed),
                        "--exp-load-weights-from", str(dense), "--compress", str(schedule),
-                       "--epochs", str(s.ft_epochs), "--lr", str(s.ft_lr), "-o", str(out),
+                       "--epochs", str(s.ft_epochs), "--lr", str(s.ft_lr),
+                       *(_kd_flags(s, dense) if kd else []), "-o", str(out),
                        "-n", run_dir.name, log=s.out / "runs.log")
         _write_json(record_path, {**found, "removed": list(removed), "search_s": search_s})
     record = _read_json(record_path)
     results = _read_json(run_dir / "results.json")
-    return ArmResult(seed, budget, "uniform", str(run_dir / "checkpoint.pth.tar"), False,
+    return ArmResult(seed, budget, arm, str(run_dir / "checkpoint.pth.tar"), False,
                      float(record["search_s"]), float(results["time"]), float(record["ratio"]),
                      bool(record["met"]), float(results["top1"]), record)
 
@@ -253,19 +265,30 @@ def seed_setup(s: Settings, seed: int, dense: Path) -> tuple[RunSetup, DatasetSp
     return setup, data
 
 
-def fine_tune(model: nn.Module, s: Settings, setup: RunSetup, data: DatasetSplits
-              ) -> dict[str, Any]:
-    """The CLI's epoch loop in-process: same seeds, loaders, optimizer, constant LR."""
+def fine_tune(model: nn.Module, s: Settings, setup: RunSetup, data: DatasetSplits,
+              teacher: Path | None = None) -> dict[str, Any]:
+    """The CLI's epoch loop in-process: same seeds, loaders, optimizer, constant LR (with a
+    `teacher` checkpoint, the same distillation as a budget run's)."""
     ctx = _cpu()
     optimizer = make_optimizer(model.parameters(), OptimizerConfig(
         lr=s.ft_lr, momentum=MOMENTUM, weight_decay=WEIGHT_DECAY))
     loss_fn = get_loss(setup.model.arch_spec.loss)
+    distillation = None
+    if teacher is not None:
+        from compressor.distillation import Distillation
+        from compressor.utils.config import DistillationConfig
+
+        distillation = Distillation.start(DistillationConfig(
+            teacher=ModelRequest(arch=s.arch, checkpoint=teacher)), model, loss_fn, ctx.device)
     monitor = eval_loader(data.val, s.batch_size, 0, ctx)
     history = []
     for epoch in range(s.ft_epochs):
         seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
         loader = train_loader(data.train, s.batch_size, 0, setup.seed, epoch, ctx)
-        train = train_one_epoch(model, loader, loss_fn, optimizer, ctx.device, epoch)
+        trained, epoch_loss = model, loss_fn
+        if distillation is not None:
+            trained, epoch_loss = distillation.wrap(model), distillation.loss_for_epoch(epoch)
+        train = train_one_epoch(trained, loader, epoch_loss, optimizer, ctx.device, epoch)
         val = evaluate(model, monitor, ctx.device, desc="validate")
         history.append({"epoch": epoch, "train_loss": train["loss"], "train_top1": train["top1"],
                         "val_loss": val["loss"], "val_top1": val["top1"]})
@@ -273,26 +296,28 @@ def fine_tune(model: nn.Module, s: Settings, setup: RunSetup, data: DatasetSplit
     return {"history": history, "test_top1": test["top1"]}
 
 
-def run_tp(s: Settings, seed: int, budget: str, dense: Path) -> ArmResult:
-    """Torch-Pruning global pruning to the budget, fine-tuned in-process."""
+def run_tp(s: Settings, seed: int, budget: str, dense: Path, kd: bool = False) -> ArmResult:
+    """Torch-Pruning global pruning to the budget, fine-tuned in-process (with `kd`,
+    distilled from the dense model as our budget runs are)."""
     quantity, target = budget_target(budget)
     out = s.out / f"seed{seed}"
-    model_path = out / f"{budget}-tp.pt"
-    record_path = out / f"{budget}-tp.json"
+    arm = "tp-kd" if kd else "tp"
+    model_path = out / f"{budget}-{arm}.pt"
+    record_path = out / f"{budget}-{arm}.json"
     if not record_path.exists():
         setup, data = seed_setup(s, seed, dense)
         started = time.perf_counter()
         model, found = tp_prune(load_model(dense).eval(), quantity, target)
         search_s = time.perf_counter() - started
         started = time.perf_counter()
-        tuned = fine_tune(model, s, setup, data)
+        tuned = fine_tune(model, s, setup, data, teacher=dense if kd else None)
         fine_tune_s = time.perf_counter() - started
         # weights only: the structure is rebuilt by replaying the same deterministic steps
         torch.save(model.state_dict(), model_path)
         _write_json(record_path, {**found, **tuned, "search_s": search_s,
                                   "fine_tune_s": fine_tune_s})
     record = _read_json(record_path)
-    return ArmResult(seed, budget, "tp", str(model_path), True, float(record["search_s"]),
+    return ArmResult(seed, budget, arm, str(model_path), True, float(record["search_s"]),
                      float(record["fine_tune_s"]), float(record["ratio"]), bool(record["met"]),
                      float(record["test_top1"]), record)
 
@@ -300,10 +325,10 @@ def run_tp(s: Settings, seed: int, budget: str, dense: Path) -> ArmResult:
 def run_arm(s: Settings, seed: int, budget: str, arm: str, dense: Path) -> ArmResult:
     """Run (or reuse) one arm of one budget of one seed."""
     print(f"seed {seed}, {budget}: {arm}", flush=True)
-    if arm == "uniform":
-        return run_uniform(s, seed, budget, dense)
-    if arm == "tp":
-        return run_tp(s, seed, budget, dense)
+    if arm in ("uniform", "uniform-kd"):
+        return run_uniform(s, seed, budget, dense, kd=arm.endswith("-kd"))
+    if arm in ("tp", "tp-kd"):
+        return run_tp(s, seed, budget, dense, kd=arm.endswith("-kd"))
     return run_ours(s, seed, budget, dense, kd=arm == "ours")
 
 
@@ -337,7 +362,8 @@ def measure_all(s: Settings, dense: Mapping[int, Path], results: Sequence[ArmRes
 
 def _command(s: Settings) -> str:
     """The command line that reproduces this benchmark."""
-    return shlex.join(["python", "benchmarks/budget_fashion_mnist.py", s.data, "--seeds",
+    return shlex.join(["python", "benchmarks/budget_fashion_mnist.py", s.data, "--arch", s.arch,
+                       "--seeds",
                        str(len(s.seeds)), "--epochs", str(s.epochs), "--ft-epochs",
                        str(s.ft_epochs), "--etrs", str(s.etrs), "--evs", str(s.evs), "--lr",
                        str(s.lr), "--ft-lr", str(s.ft_lr), "-b", str(s.batch_size), "--budgets",
@@ -347,7 +373,7 @@ def _command(s: Settings) -> str:
 def _settings_line(s: Settings, dense_top1: Mapping[int, float], seconds: float) -> str:
     """What every arm shared, the dense models' test top-1 and the benchmark's wall time."""
     shown = ", ".join(f"seed {seed} {top1:.2f}" for seed, top1 in dense_top1.items())
-    return (f"dense: {s.epochs} epochs, LR {s.lr}; fine-tune: {s.ft_epochs} epochs, LR "
+    return (f"{s.arch}; dense: {s.epochs} epochs, LR {s.lr}; fine-tune: {s.ft_epochs} epochs, LR "
             f"{s.ft_lr} constant; batch {s.batch_size}, train fraction {s.etrs}, validation "
             f"split {VALIDATION_SPLIT} (fraction {s.evs} used); latency: batch {LATENCY.batch}, "
             f"{LATENCY.threads} thread, median of interleaved rounds; dense test top-1: {shown}; "
@@ -358,6 +384,7 @@ def parse_settings() -> Settings:
     """The command line as Settings."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("data", help="Fashion-MNIST directory (the four IDX .gz files)")
+    parser.add_argument("--arch", default=ARCH, help="the dense model (default %(default)s)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0..N-1")
     parser.add_argument("--epochs", type=int, default=6, help="dense training epochs")
     parser.add_argument("--ft-epochs", type=int, default=3, help="fine-tune epochs, every arm")
@@ -376,7 +403,8 @@ def parse_settings() -> Settings:
     return Settings(data=args.data, seeds=tuple(range(args.seeds)), epochs=args.epochs,
                     ft_epochs=args.ft_epochs, etrs=args.etrs, evs=args.evs, lr=args.lr,
                     ft_lr=args.ft_lr, batch_size=args.batch_size, budgets=tuple(args.budgets),
-                    arms=tuple(a for a, _ in ARMS if a in args.arms), out=Path(args.out))
+                    arms=tuple(a for a, _ in ARMS if a in args.arms), out=Path(args.out),
+                    arch=args.arch)
 
 
 def main() -> None:

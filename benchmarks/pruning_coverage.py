@@ -1,7 +1,9 @@
-"""Pruning coverage: the share of each model's convolution channels that lie in channel groups
-the budget search may shrink (compressor.budget.prunable_groups), beside the share in
-Torch-Pruning's DependencyGraph groups (its ignored layers: the classifier), over the registry,
-the timm families of the support table and the hand-written models of tests/fixtures.
+"""Pruning coverage: the share of each model's output channels (convolutions and linear layers,
+the classifier aside: compressor.budget.coverage) that lie in channel groups the budget search
+may shrink (compressor.budget.prunable_groups), beside the share in Torch-Pruning's
+DependencyGraph groups, over the registry, the timm families of the support table and the
+hand-written models of tests/fixtures. The note column says why Torch-Pruning's other channels
+are not ours (and how many): mostly exactness, where removing them would change the outputs.
 
     python benchmarks/pruning_coverage.py [--quick] [--side 64] [--only NAME ...]
 
@@ -80,9 +82,10 @@ def fixture_models() -> Iterator[tuple[str, Build]]:
 
 
 def row(name: str, build: Build | str) -> list[object]:
-    """One table row: the model, its conv channels, both shares, their ratio and the time."""
+    """One table row: the model, its channels, both shares, their ratio, the time and the
+    gaps (why Torch-Pruning's other channels are not ours)."""
     if isinstance(build, str):
-        return [name, "-", "-", "-", "-", build]
+        return [name, "-", "-", "-", "-", "-", build]
     start = time.perf_counter()
     try:
         torch.manual_seed(0)
@@ -90,11 +93,11 @@ def row(name: str, build: Build | str) -> list[object]:
         found = pruning_coverage(model.eval(), inputs)
     except Exception as exc:  # noqa: BLE001 - a row says why, the table goes on
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:90]
-        return [name, "-", "-", "-", "-", f"{type(exc).__name__}: {reason}"]
+        return [name, "-", "-", "-", "-", "-", f"{type(exc).__name__}: {reason}"]
     ratio = (found.ours / found.torch_pruning if found.torch_pruning
              else float("inf") if found.ours else 1.0)
     return [name, found.channels, f"{found.ours_share:.3f}", f"{found.torch_pruning_share:.3f}",
-            f"{ratio:.3f}", f"{time.perf_counter() - start:.1f} s"]
+            f"{ratio:.3f}", f"{time.perf_counter() - start:.1f} s", found.note]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
             continue
         rows.append(row(name, build))
         print(" | ".join(map(str, rows[-1])), file=sys.stderr, flush=True)
-    headers = ["model", "conv channels", "ours", "Torch-Pruning", "ours / TP", "note"]
+    headers = ["model", "channels", "ours", "Torch-Pruning", "ours / TP", "time", "note"]
     print(tabulate(rows, headers=headers, tablefmt="github"))
     behind = [r[0] for r in rows if isinstance(r[4], str) and r[4] != "-" and float(r[4]) < 1]
     print(f"\nours >= Torch-Pruning on {len(rows) - len(behind)} of {len(rows)} rows"

@@ -49,18 +49,29 @@ def test_our_groups_cover_what_torch_pruning_does(name: str) -> None:
     assert coverage.ours >= coverage.torch_pruning, coverage
 
 
-def _macs(model: nn.Module) -> int:
-    return sum(cost.macs for cost in layer_costs(model, torch.zeros(1, 3, 32, 32)))
+def _tiny_convnexts() -> dict[str, nn.Module]:
+    """Two-stage ConvNeXts of a block each: torchvision's (channels-last linear MLP, LayerNorm2d
+    and a (C, 1, 1) layer scale) and timm's, channels-last (linear MLP, `gamma`) and not (1x1
+    convolutions)."""
+    from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+
+    found: dict[str, nn.Module] = {"torchvision": ConvNeXt(
+        [CNBlockConfig(16, 32, 1), CNBlockConfig(32, None, 1)], num_classes=10)}
+    try:
+        from timm.models.convnext import ConvNeXt as TimmConvNeXt
+    except ImportError:
+        return found
+    for conv_mlp in (False, True):
+        found[f"timm-conv_mlp={conv_mlp}"] = TimmConvNeXt(
+            num_classes=10, depths=(1, 1), dims=(16, 32), conv_mlp=conv_mlp, ls_init_value=0.5)
+    return found
 
 
-def test_all_four_groups_thin_exactly_at_half_of_each_group() -> None:
-    """Masked and thinned models compute the same outputs: the channels left untouched carry
-    what they did, the grouped convolution keeps its groups and loses whole units."""
-    model, inputs = _model("AllFourNet")
+def _masked_and_thinned(model: nn.Module, inputs: torch.Tensor
+                        ) -> tuple[torch.Tensor, nn.Module]:
+    """Mask the least important half of every prunable group of `model` (in place): the
+    masked outputs, and a thinned copy."""
     groups = prunable_groups(model, inputs)
-    shared = {g.layer: g for g in groups}
-    assert shared["grouped.0"].blocks == 4 and "se.expand.weight" in shared["grouped.0"].weights
-    assert {"branch_a.0", "branch_b.0", "mix.0", "stem.0"} <= set(shared)
     batchnorms = batchnorms_of(model, groups)
     for group in groups:
         mask_group_filters(model, group, leader_ranking(model, group)[:group.channels // 2],
@@ -70,6 +81,48 @@ def test_all_four_groups_thin_exactly_at_half_of_each_group() -> None:
     thinned = copy.deepcopy(model)
     recipe, _ = find_thinning(thinned, inputs, exact=True)
     apply_thinning_recipe(thinned, recipe)
+    return masked, thinned
+
+
+@pytest.mark.parametrize("kind", ["torchvision", "timm-conv_mlp=False", "timm-conv_mlp=True"])
+def test_convnext_mlp_hidden_channels_are_covered_and_thin_exactly(kind: str) -> None:
+    """The MLP's hidden channels (4/5 of a block's) are ours, linear or 1x1 convolution; the
+    residual stream, which a LayerNorm normalizes, is Torch-Pruning's alone (its statistics
+    change when a channel goes, so removing a zeroed one is not exact), and says so."""
+    pytest.importorskip("torch_pruning", reason="the reference needs torch-pruning")
+    from compressor.budget.coverage import NORM_GAP, pruning_coverage
+
+    models = _tiny_convnexts()
+    if kind not in models:
+        pytest.skip("timm is not installed")
+    torch.manual_seed(0)
+    model, inputs = models[kind].eval(), torch.randn(2, 3, 32, 32)
+    coverage = pruning_coverage(model, inputs)
+    # stem 16 + block (16 dw + 64 hidden + 16) + downsample 32 + block (32 + 128 + 32)
+    assert coverage.channels == 336 and coverage.ours == 64 + 128, coverage
+    assert coverage.torch_pruning == coverage.channels and coverage.gaps == (
+        (NORM_GAP, coverage.channels - coverage.ours),)
+    masked, thinned = _masked_and_thinned(model, inputs)
+    hidden = [m for m in thinned.modules() if isinstance(m, (nn.Linear, nn.Conv2d))
+              and m.out_channels if isinstance(m, nn.Conv2d) else isinstance(m, nn.Linear)]
+    assert {32, 64} <= {getattr(m, "out_features", getattr(m, "out_channels", 0))
+                        for m in hidden}
+    with torch.no_grad():
+        torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
+
+
+def _macs(model: nn.Module) -> int:
+    return sum(cost.macs for cost in layer_costs(model, torch.zeros(1, 3, 32, 32)))
+
+
+def test_all_four_groups_thin_exactly_at_half_of_each_group() -> None:
+    """Masked and thinned models compute the same outputs: the channels left untouched carry
+    what they did, the grouped convolution keeps its groups and loses whole units."""
+    model, inputs = _model("AllFourNet")
+    shared = {g.layer: g for g in prunable_groups(model, inputs)}
+    assert shared["grouped.0"].blocks == 4 and "se.expand.weight" in shared["grouped.0"].weights
+    assert {"branch_a.0", "branch_b.0", "mix.0", "stem.0"} <= set(shared)
+    masked, thinned = _masked_and_thinned(model, inputs)
     with torch.no_grad():
         torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
     grouped = thinned.get_submodule("grouped.0")

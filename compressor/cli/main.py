@@ -44,10 +44,8 @@ from compressor.commands.common import (
 )
 from compressor.commands.evaluate import confusion_results, evaluate_model
 from compressor.commands.train import (
-    Recalibrator,
     check_head_lr,
     check_resume_epochs,
-    recalibrator,
     run_training,
     start_distillation,
 )
@@ -57,6 +55,7 @@ from compressor.memory.recipe import MEMORY_EFFICIENT
 from compressor.models.description import description_of
 from compressor.quantization.recipe import quantization_kind
 from compressor.training.dataloaders import seed_everything
+from compressor.training.recalibration import Recalibrator, recalibrator
 from compressor.training.run_dir import (
     choose_run_dir,
     logging_to,

@@ -29,12 +29,7 @@ from compressor.budget.measure import LatencySetting, search_measures
 from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
 from compressor.budget.search import STATE_VERSION, Budget, BudgetSearch
 from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
-from compressor.commands.train import (
-    check_resume_epochs,
-    recalibrator,
-    run_training,
-    start_distillation,
-)
+from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import DatasetSplits
 from compressor.models.inference import inference_copy
 from compressor.reports.budget import (
@@ -47,6 +42,7 @@ from compressor.reports.budget import (
 from compressor.reports.metrics import model_file_bytes
 from compressor.thinning.transform import probe_batch
 from compressor.training.checkpoint import save_run_checkpoint
+from compressor.training.recalibration import recalibrator
 from compressor.training.run_dir import (
     choose_run_dir,
     logging_to,

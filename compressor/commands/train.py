@@ -21,104 +21,29 @@ from compressor.data import DatasetSplits
 from compressor.models.description import description_of
 from compressor.quantization.recipe import quantization_kind
 from compressor.reports import open_epoch_reports
-from compressor.training.batchnorm import (
-    Recalibration,
-    recalibrate_batch_norm,
-    recalibration_batches,
-    settle_steps,
-)
 from compressor.training.best import BestEpoch, parameter_counts
 from compressor.training.checkpoint import get_rng_state, save_run_checkpoint, set_rng_state
 from compressor.training.dataloaders import epoch_seed, eval_loader, seed_everything, train_loader
 from compressor.training.loop import evaluate, train_one_epoch
 from compressor.training.losses import get_loss
+from compressor.training.recalibration import (
+    fingerprint,
+    pruned_since,
+    recalibrator,
+    stale_reason,
+)
 from compressor.training.run_dir import write_metrics_csv
 from compressor.utils.config import LoaderConfig, OptimizerConfig, TrainConfig, make_optimizer
 from compressor.utils.distributed import DistContext, all_reduce_sum
 from compressor.utils.errors import UsageError
 
 __all__ = ["TrainState", "HEAD_LR_FACTOR", "set_bn_momentum", "check_head_lr",
-           "check_resume_epochs", "start_distillation", "run_training", "recalibrator",
-           "Recalibrator", "RECALIBRATION_SEED_OFFSET"]
+           "check_resume_epochs", "start_distillation", "run_training"]
 
 LOG = logging.getLogger("compressor")
 # A newly initialised classifier learns at this multiple of the backbone's --lr (Caffe's
 # fine-tuning recipe: the new layer at lr_mult 10; fast.ai's discriminative rates)
 HEAD_LR_FACTOR = 10.0
-# batch-norm re-estimations read the training split in an order of their own (seed + this)
-RECALIBRATION_SEED_OFFSET = 7_777
-
-
-class Recalibrator:
-    """Re-estimates a model's batch-norm statistics on training batches (see
-    compressor.training.batchnorm): the same batches for the same tag, on every rank."""
-
-    def __init__(self, dataset: Any, batch_size: int, workers: int, seed: int,
-                 ctx: DistContext, requested: int | None) -> None:
-        self.dataset, self.batch_size, self.workers = dataset, batch_size, workers
-        self.seed, self.ctx = seed + RECALIBRATION_SEED_OFFSET, ctx
-        self.requested = requested
-        self.batches = recalibration_batches(batch_size, requested)
-
-    @property
-    def enabled(self) -> bool:
-        """False with --bn-recalibrate 0."""
-        return self.requested != 0
-
-    def __call__(self, model: nn.Module, reason: str, tag: int = 0, log: bool = True
-                 ) -> Recalibration | None:
-        """Re-estimate `model`'s statistics (logged with `reason` if `log`); None when turned
-        off."""
-        if not self.enabled:
-            return None
-        loader = train_loader(self.dataset, self.batch_size, self.workers, self.seed, tag,
-                              self.ctx)
-        done = recalibrate_batch_norm(model, loader, self.batches, self.ctx.device,
-                                      reduce=all_reduce_sum if self.ctx.enabled else None,
-                                      seed=epoch_seed(self.seed, tag, self.ctx.rank))
-        if done.norms and log:
-            LOG.info("%s", done.describe(reason))
-        return done
-
-
-def recalibrator(dataset: Any, config: TrainConfig, seed: int, ctx: DistContext
-                 ) -> Recalibrator:
-    """The run's batch-norm re-estimation on `dataset` (its training split)."""
-    return Recalibrator(dataset, config.loader.batch_size, config.loader.workers, seed, ctx,
-                        config.bn_recalibrate)
-
-
-def _fingerprint(model: nn.Module) -> tuple[tuple[tuple[int, ...], ...], int]:
-    """What changes when pruning or thinning changes the model: parameter shapes and the
-    number of weights at exactly zero."""
-    with torch.no_grad():
-        zeros = sum(int((param == 0).sum()) for param in model.parameters())
-    return tuple(tuple(param.shape) for param in model.parameters()), zeros
-
-
-def _pruned_since(before: tuple[tuple[tuple[int, ...], ...], int], model: nn.Module) -> bool:
-    """Whether thinning changed a shape or pruning zeroed more weights since `before`."""
-    shapes, zeros = _fingerprint(model)
-    return shapes != before[0] or zeros > before[1]
-
-
-def _stale_reason(model: nn.Module, config: TrainConfig, steps: int, changed: bool,
-                  last_of_fine_tune: bool) -> str | None:
-    """Why the running statistics need re-estimating after an epoch (None: they do not)."""
-    if config.bn_recalibrate == 0:
-        return None
-    if config.bn_recalibrate is not None:
-        return "--bn-recalibrate"
-    if changed:
-        return "the model was pruned or thinned this epoch"
-    settle = settle_steps(model)
-    if steps < settle:
-        return f"{steps} steps are too few for running statistics to settle ({settle})"
-    if last_of_fine_tune:
-        return "the end of a fine-tune from pretrained weights"
-    return None
-
-
 @dataclass
 class TrainState:
     """Progress that a checkpoint carries from one run to its resumption."""
@@ -325,7 +250,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     with _heap_frozen(), reports:
         for epoch in range(state.start_epoch, config.epochs):
             seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
-            before = _fingerprint(model) if recalibrate.enabled else ((), 0)
+            before = fingerprint(model) if recalibrate.enabled else ((), 0)
             net = _begin_epoch(compression, epoch, model, net, ctx)
             loader = train_loader(data.train, loader_cfg.batch_size, loader_cfg.workers,
                                   setup.seed, epoch, ctx)
@@ -337,7 +262,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
                                     hooks=compression, print_freq=config.print_freq,
                                     reduce=reduce)
             if recalibrate.enabled:
-                reason = _stale_reason(model, config, len(loader), _pruned_since(before, model),
+                reason = stale_reason(model, config, len(loader), pruned_since(before, model),
                                        fine_tune and epoch == config.epochs - 1)
                 if reason is not None:
                     recalibrate(model, reason, epoch)
