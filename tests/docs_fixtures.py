@@ -17,18 +17,28 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-__all__ = ["FOLDER_CLASSES", "LINKED", "PLANTED_ARCHS", "TORCH_HOME", "build_template",
-           "populate_page_dir", "write_jpeg_folders"]
+__all__ = ["FOLDER_CLASSES", "LINKED", "PLANTED_ARCHS", "TORCH_HOME", "UNMET_OK",
+           "build_template", "populate_page_dir", "write_jpeg_folders"]
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDER_CLASSES = ("bag", "sandal", "sneaker")
 PLANTED_ARCHS = ("resnet18", "mobilenet_v2")
 LINKED = ("configs", "examples")  # the repository's folders a page's commands name
 TORCH_HOME = ".torch_home"  # hidden, so that a page's `ls` shows what its commands wrote
+# the launcher reads it: exit status 1 (a budget not met) passes in a block marked `unmet`
+UNMET_OK = "DOCS_HARNESS_UNMET_OK"
 # the launcher's text: the repository's driver, run as `python compress_classifier.py ...`
 LAUNCHER = ('"""Runs the repository\'s compress_classifier.py (written by tests/test_docs.py)."""\n'
-            "import runpy\n"
-            f"runpy.run_path({str(ROOT / 'compress_classifier.py')!r}, run_name='__main__')\n")
+            "import os\nimport runpy\nimport sys\n\n"
+            "try:\n"
+            f"    runpy.run_path({str(ROOT / 'compress_classifier.py')!r}, run_name='__main__')\n"
+            "except SystemExit as ended:\n"
+            "    # a budget not met (1) passes in a block marked unmet (tests/test_docs.py)\n"
+            f"    if ended.code == 1 and os.environ.get({UNMET_OK!r}) == '1':\n"
+            "        print('docs-harness: budget not met on the noise images, accepted',\n"
+            "              file=sys.stderr)\n"
+            "        sys.exit(0)\n"
+            "    raise\n")
 # a class's images share a hue, so that a page's one-epoch fine-tune has something to learn
 _HUES = {"bag": (150, 90, 40), "sandal": (200, 170, 60), "sneaker": (60, 90, 200)}
 

@@ -54,6 +54,14 @@ def test_a_model_at_chance_is_never_met_even_with_every_budget_held() -> None:
     assert "at chance (10.00% for 10 classes)" in unmet_line(report, Path("run"))
 
 
+def test_random_labels_have_no_accuracy_to_guard() -> None:
+    state = {**_state(), "max_drop": None}
+    scores = {"val_top1": 0.1, "test_top1": 0.1, "model_epoch": 0, "num_classes": 1000}
+    report = budget_report(state, nn.Linear(2, 2), {"macs": 40.0}, scores, "a", "synthetic",
+                           {})
+    assert report["accuracy"]["collapsed"] is None and report["met"]
+
+
 def test_the_best_epoch_is_the_most_compressed_then_the_most_accurate() -> None:
     model = nn.Linear(3, 1)
     rows = [{"epoch": 0, "val_top1": 95.0, "nonzero_params": 4, "params": 4},

@@ -21,7 +21,7 @@ from compressor.budget.groups import (
     prunable_groups,
 )
 from compressor.reports.metrics import layer_costs
-from compressor.thinning.recipe import apply_thinning_recipe
+from compressor.thinning.recipe import apply_thinning_recipe, module_sizes
 from compressor.thinning.thin import find_thinning
 from tests.conftest import run_cli, trained_like_batchnorms
 from tests.fixtures import coupled_nets
@@ -50,9 +50,10 @@ def test_our_groups_cover_what_torch_pruning_does(name: str) -> None:
 
 
 def _tiny_convnexts() -> dict[str, nn.Module]:
-    """Two-stage ConvNeXts of a block each: torchvision's (channels-last linear MLP, LayerNorm2d
-    and a (C, 1, 1) layer scale) and timm's, channels-last (linear MLP, `gamma`) and not (1x1
-    convolutions)."""
+    """ConvNeXts of one block per stage, 48 channels in all: torchvision's (channels-last
+    linear MLP, LayerNorm2d, a (C, 1, 1) layer scale) and timm's, channels-last (linear MLP,
+    `gamma`) and not (1x1 convolutions)."""
+
     from torchvision.models.convnext import CNBlockConfig, ConvNeXt
 
     found: dict[str, nn.Module] = {"torchvision": ConvNeXt(
@@ -63,8 +64,13 @@ def _tiny_convnexts() -> dict[str, nn.Module]:
         return found
     for conv_mlp in (False, True):
         found[f"timm-conv_mlp={conv_mlp}"] = TimmConvNeXt(
-            num_classes=10, depths=(1, 1), dims=(16, 32), conv_mlp=conv_mlp, ls_init_value=0.5)
+            num_classes=10, depths=(1, 1, 1, 1), dims=(8, 8, 16, 16), conv_mlp=conv_mlp,
+            ls_init_value=0.5)
     return found
+
+
+def _out_channels(model: nn.Module) -> int:
+    return sum(module_sizes(m)[0] for m in model.modules() if isinstance(m, (nn.Linear, nn.Conv2d)))
 
 
 def _masked_and_thinned(model: nn.Module, inputs: torch.Tensor
@@ -98,15 +104,12 @@ def test_convnext_mlp_hidden_channels_are_covered_and_thin_exactly(kind: str) ->
     torch.manual_seed(0)
     model, inputs = models[kind].eval(), torch.randn(2, 3, 32, 32)
     coverage = pruning_coverage(model, inputs)
-    # stem 16 + block (16 dw + 64 hidden + 16) + downsample 32 + block (32 + 128 + 32)
-    assert coverage.channels == 336 and coverage.ours == 64 + 128, coverage
+    # per block of d channels: d (depthwise) + 4 d (hidden) + d, with the stem and downsamples
+    assert coverage.channels == 336 and coverage.ours == 4 * 48, coverage
     assert coverage.torch_pruning == coverage.channels and coverage.gaps == (
         (NORM_GAP, coverage.channels - coverage.ours),)
     masked, thinned = _masked_and_thinned(model, inputs)
-    hidden = [m for m in thinned.modules() if isinstance(m, (nn.Linear, nn.Conv2d))
-              and m.out_channels if isinstance(m, nn.Conv2d) else isinstance(m, nn.Linear)]
-    assert {32, 64} <= {getattr(m, "out_features", getattr(m, "out_channels", 0))
-                        for m in hidden}
+    assert _out_channels(model) - _out_channels(thinned) == 2 * 48  # half the hidden
     with torch.no_grad():
         torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
 

@@ -39,9 +39,14 @@ def test_folder_fine_tune_budget_int8_onnx(torch_home: Path, tmp_path: Path) -> 
     small = run_cli(str(data), "--resume-from", str(out / "tuned" / "checkpoint.pth.tar"),
                     "--target-macs", "0.5", "--epochs", "2", "--vs", "0.25", "--qe", "--qept",
                     *TINY, "-o", str(out), "-n", "small")
-    assert small.returncode == 0, small.stderr[-3000:]
     budget = json.loads((out / "small" / "budget.json").read_text())
     assert all(entry["met"] for entry in budget["budgets"]), budget["budgets"]
+    # eight noise images a class: the pruned model may fall to chance, which is never "met"
+    # (exit status 1, one line, every file written all the same)
+    assert small.returncode == (0 if budget["met"] else 1), small.stderr[-3000:]
+    if not budget["met"]:
+        assert budget["accuracy"]["collapsed"], budget["accuracy"]
+        assert "at chance" in small.stderr.strip().splitlines()[-1]
     int8 = out / "small" / "quantized_checkpoint.pth.tar"
     assert int8.is_file()
 
