@@ -73,6 +73,14 @@ def run_cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = No
     return zygote.run(command, cwd or ROOT, run_env, timeout)
 
 
+def trained_digits(root: Path, *flags: str) -> Path:
+    """A simplenet_digits checkpoint trained 2 epochs at lr 0.1 under `root` (with `flags`)."""
+    result = run_cli("-a", "simplenet_digits", *flags, "--epochs", "2", "--lr", "0.1",
+                     "-o", str(root), "-n", "dense")
+    assert result.returncode == 0, result.stderr[-3000:]
+    return root / "dense" / "checkpoint.pth.tar"
+
+
 def cli_zygote(env: dict[str, str]) -> CliZygote | None:
     """This worker's connection to the session's zygote (connected on first use); None where it
     cannot serve a run in `env` (no fork, or CLI_ZYGOTE=0 in the environment: every run then

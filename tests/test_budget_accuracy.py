@@ -14,7 +14,7 @@ from torch import nn
 from compressor.reports.budget import budget_report, budget_table, collapsed, unmet_line
 from compressor.training.best import BestEpoch
 from compressor.training.checkpoint import load_checkpoint
-from tests.conftest import assert_user_error, run_cli, run_main
+from tests.conftest import assert_user_error, run_cli, run_main, trained_digits
 
 COMMON = ("-j", "0", "-p", "0", "-b", "64", "--deterministic")
 
@@ -85,11 +85,7 @@ def test_the_best_epoch_is_the_most_compressed_then_the_most_accurate() -> None:
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trained simplenet_digits checkpoint."""
-    root = tmp_path_factory.mktemp("accuracy")
-    result = run_cli("-a", "simplenet_digits", *COMMON, "--epochs", "2", "--lr", "0.1",
-                     "-o", str(root), "-n", "dense")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root / "dense" / "checkpoint.pth.tar"
+    return trained_digits(tmp_path_factory.mktemp("accuracy"), *COMMON)
 
 
 @pytest.mark.slow

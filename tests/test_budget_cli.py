@@ -22,6 +22,7 @@ from tests.conftest import (
     run_main,
     run_torchrun,
     start_killable,
+    trained_digits,
     trained_like_batchnorms,
 )
 
@@ -32,11 +33,7 @@ BUDGET = ("--target-macs", "0.4", "--epochs", "2", "--lr", "0.02", *COMMON)
 @pytest.fixture(scope="module")
 def dense(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A trained simplenet_digits checkpoint (the model every budget run starts from)."""
-    root = tmp_path_factory.mktemp("budget")
-    result = run_cli("-a", "simplenet_digits", *COMMON, "--epochs", "2", "--lr", "0.1",
-                     "-o", str(root), "-n", "dense")
-    assert result.returncode == 0, result.stderr[-3000:]
-    return root / "dense" / "checkpoint.pth.tar"
+    return trained_digits(tmp_path_factory.mktemp("budget"), *COMMON)
 
 
 @pytest.fixture(scope="module")
