@@ -118,8 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     headers = ["model", "channels", "ours", "Torch-Pruning", "ours / TP", "time", "note"]
     print(tabulate(rows, headers=headers, tablefmt="github"))
     behind = [r[0] for r in rows if isinstance(r[4], str) and r[4] != "-" and float(r[4]) < 1]
-    print(f"\nours >= Torch-Pruning on {len(rows) - len(behind)} of {len(rows)} rows"
-          + (f"; behind on: {', '.join(behind)}" if behind else ""))
+    refused = [r[0] for r in rows if r[4] == "-"]  # no groups measured: the model refused
+    print(f"\nours >= Torch-Pruning on {len(rows) - len(behind) - len(refused)} of {len(rows)} "
+          "rows" + (f"; behind on: {', '.join(behind)}" if behind else "")
+          + (f"; refused (no figure): {', '.join(refused)}" if refused else ""))
 
 
 if __name__ == "__main__":
