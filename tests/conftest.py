@@ -219,6 +219,7 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, each worker computes on one thread (two workers share two cores)."""
     config.addinivalue_line("markers", "slow: a test of many seconds (several interpreters, an "
                             "export or training of a large model): run first")
+    config.addinivalue_line("markers", "cuda: needs a CUDA device (skipped without one)")
     config.addinivalue_line("markers", "registry: every registered architecture (minutes); "
                             "left out of the suite, run by CI: scripts/test.sh -m registry")
     if os.environ.get("PYTEST_XDIST_WORKER"):

@@ -11,26 +11,34 @@ from torch import Tensor, nn
 from compressor.api.identity import check_module, model_device
 from compressor.training.loop import evaluate as evaluate_loop
 from compressor.utils.errors import UsageError
+from compressor.utils.precision import AMP_DTYPES, Precision
 
 __all__ = ["evaluate"]
 
 
 def evaluate(model: nn.Module, loader: Iterable[Any],
-             device: torch.device | str | None = None) -> dict[str, float]:
+             device: torch.device | str | None = None, amp: str | None = None
+             ) -> dict[str, float]:
     """Evaluate `model` in eval mode on `loader`'s (inputs, targets) batches.
 
     Args:
         model: a classifier (float, thinned or int8).
         loader: batches of (inputs, targets), e.g. a DataLoader.
         device: where to compute; by default where the model's tensors are.
+        amp: "bf16" or "fp16" to evaluate under autocast in that dtype, as a model trained
+            with --amp is validated (bf16 runs on the CPU too); None: fp32.
 
     Returns:
         `top1` and `top5` (percent; top5 only with more than 5 classes), `loss` (mean
         cross-entropy) and `samples`: what compress_to_budget's evaluate_fn returns.
     """
     check_module(model, "evaluate")
+    if amp is not None and amp not in AMP_DTYPES:
+        raise UsageError(f"evaluate: amp is {amp!r}; use one of "
+                         f"{', '.join(map(repr, AMP_DTYPES))}, or None for fp32")
     where = torch.device(device) if device is not None else model_device(model)
-    return evaluate_loop(model, _checked_batches(loader), where, desc="evaluate")
+    return evaluate_loop(model, _checked_batches(loader), where, desc="evaluate",
+                         precision=Precision(amp=amp))
 
 
 def _checked_batches(loader: Iterable[Any]) -> Iterator[tuple[Tensor, Tensor]]:

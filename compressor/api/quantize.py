@@ -36,6 +36,7 @@ from compressor.quantization.int8.convert import (
     kernels_saturate,
     resolve_backend,
 )
+from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.recipe import QUANTIZATION, int8_model, quantization_kind
 from compressor.quantization.simulated.graph import explicit_graph
 from compressor.utils.config import QuantizeConfig
@@ -204,7 +205,9 @@ def quantize_int8(model: nn.Module, calibration_loader: Iterable[Any], *, mode: 
     config = QuantizeConfig(quantize=True, convert=True, backend=backend, mode_acts=mode,
                             mode_wts=mode, clip_acts=clip, per_channel=bool(per_channel))
     settings = kernel_settings(settings_from_config(config), config)
-    graph = quantization_graph(copy.deepcopy(model), config, description.arch)
+    float_model = copy.deepcopy(model)
+    int8_placement(float_model)  # calibration and conversion run where the kernels do
+    graph = quantization_graph(float_model, config, description.arch)
     stats = collect_stats(graph, _calibration(calibration_loader, num_batches),
                           histograms=settings.clips_by_histogram())
     simulated = post_train(graph, settings, stats, dynamic=False)

@@ -6,14 +6,17 @@ from __future__ import annotations
 import argparse
 
 from compressor.cli.domains import INT_MAX, gpu_list, integer, path, real
+from compressor.utils.precision import AMP_DTYPES
 
 __all__ = ["add_training_args", "add_run_args"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
+AMP_CHOICES = tuple(AMP_DTYPES)  # --amp's values
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
-    """--epochs, --lr, --lr-head, --bn-momentum, --bn-recalibrate, --momentum, --wd, -p."""
+    """--epochs, --lr, --lr-head, --bn-momentum, --bn-recalibrate, --momentum, --wd, -p, --amp,
+    --channels-last."""
     group = parser.add_argument_group(
         "training", "epochs and the SGD optimizer (a checkpoint to resume from: see run)")
     group.add_argument("--epochs", type=integer(0, INT_MAX), default=90,
@@ -40,6 +43,13 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
                        default=1e-4, help="weight decay, >= 0")
     group.add_argument("-p", "--print-freq", type=integer(0, INT_MAX), default=10,
                        help="log every N mini-batches (0: never)")
+    group.add_argument("--amp", choices=AMP_CHOICES, default=None,
+                       help="mixed precision: forward passes under autocast in bf16 or fp16 "
+                            "(fp16 with a gradient scaler); weights, optimizer and masks stay "
+                            "fp32; bf16 runs on the CPU too (default: fp32)")
+    group.add_argument("--channels-last", dest="channels_last", action="store_true",
+                       help="train and validate in the channels-last memory format (faster "
+                            "convolutions on tensor cores and oneDNN)")
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:

@@ -51,7 +51,8 @@ def _check_training_settings(args: argparse.Namespace) -> None:
         return
     for flag, on in (("--bn-momentum", args.bn_momentum is not None),
                      ("--lr-head", args.lr_head is not None),
-                     ("--memory-efficient auto", args.memory_efficient == AUTO)):
+                     ("--memory-efficient auto", args.memory_efficient == AUTO),
+                     ("--amp", args.amp is not None), ("--channels-last", args.channels_last)):
         if on:
             raise UsageError(f"{flag} sets how training runs, and {mode} trains none; drop "
                              f"{flag} (or {mode})")

@@ -18,6 +18,7 @@ from compressor.utils.config import (
     TrainConfig,
 )
 from compressor.utils.dataset_table import FOLDER
+from compressor.utils.precision import Precision
 
 __all__ = ["model_request", "optimizer_config", "loader_config", "train_config",
            "quantize_config", "data_config", "is_training", "args_record",
@@ -85,7 +86,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        loader=loader_config(args), print_freq=args.print_freq,
                        compress=_path(args.compress), reset_optimizer=args.reset_optimizer,
                        distillation=distillation_config(args), reports=reports,
-                       bn_momentum=args.bn_momentum, bn_recalibrate=args.bn_recalibrate)
+                       bn_momentum=args.bn_momentum, bn_recalibrate=args.bn_recalibrate,
+                       precision=Precision(amp=args.amp, channels_last=args.channels_last))
 
 
 def quantize_config(args: argparse.Namespace) -> QuantizeConfig:

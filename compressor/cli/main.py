@@ -46,13 +46,16 @@ from compressor.commands.evaluate import confusion_results, evaluate_model
 from compressor.commands.train import (
     check_head_lr,
     check_resume_epochs,
+    check_resume_precision,
     run_training,
     start_distillation,
 )
 from compressor.data import EvaluationData
 from compressor.memory import AUTO, fit_memory_budget, variant_label
 from compressor.memory.recipe import MEMORY_EFFICIENT
-from compressor.models.description import description_of
+from compressor.models.description import description_of, unwrap_model
+from compressor.quantization.int8.convert import Int8Model
+from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.recipe import quantization_kind
 from compressor.training.dataloaders import seed_everything
 from compressor.training.recalibration import Recalibrator, recalibrator
@@ -125,6 +128,7 @@ def _check_before_writing(args: argparse.Namespace, setup: RunSetup, model: nn.M
     distillation = None
     if training:
         check_resume_epochs(config, setup)
+        check_resume_precision(config, setup)
         check_head_lr(config, setup)
         if config.reports.tensorboard:
             from compressor.reports import require_tensorboard
@@ -148,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     _configure_determinism(args.deterministic)
     ctx = init_distributed(args.cpu, args.gpus)
     seed_everything(setup.seed)  # the same initial weights on every rank and in every rerun
-    model = build_resolved_model(setup.model).to(ctx.device)
+    model, placement_note = _placed(build_resolved_model(setup.model), ctx)
     if args.summary:
         from compressor.commands.summary import run_summary
 
@@ -198,8 +202,9 @@ def run(args: argparse.Namespace) -> int:
         log.info("run directory %s", run_dir)
         if setup.model.pretrained_source is not None:
             log.info("%s", setup.model.pretrained_source.describe())
-        if memory_note is not None:
-            log.info("%s", memory_note)
+        for note in (memory_note, placement_note):
+            if note is not None:
+                log.info("%s", note)
         if ctx.is_main:
             write_args_yaml(run_dir, record)
         writer_dir = run_dir if ctx.is_main else None
@@ -221,6 +226,14 @@ def run(args: argparse.Namespace) -> int:
             write_results_json(run_dir, results)
             print(results_table(results, dataset_label(results["dataset"], args.data)))
     return 0
+
+
+def _placed(model: nn.Module, ctx: DistContext) -> tuple[nn.Module, str | None]:
+    """The built model on the run's device; one running int8 kernels stays on the CPU (with
+    the line that says so, logged once the run's log is open)."""
+    if not isinstance(unwrap_model(model), Int8Model):
+        return model.to(ctx.device), None
+    return model, int8_placement(model, ctx.device, log=False)
 
 
 def _fit_memory_budget(args: argparse.Namespace, setup: RunSetup, model: nn.Module

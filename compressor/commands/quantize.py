@@ -35,6 +35,7 @@ from compressor.models.description import (
     unwrap_model,
 )
 from compressor.quantization.core.errors import MissingStatisticsError, QuantizationError
+from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.recipe import QUANTIZATION, quantization_kind
 from compressor.training.checkpoint import save_checkpoint
 from compressor.utils.config import LoaderConfig, QuantizeConfig
@@ -254,6 +255,8 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibratio
     """
     kind = _kind_to_quantize(model, config, source)
     recipe = description_of(model).recipe(QUANTIZATION)
+    if config.convert:  # every step to the int8 kernels runs where they do, as with --cpu
+        int8_placement(model)
     facts: dict[str, Any] = {}
     if kind == "post_train":
         if recipe.get("kernels") == "int8":  # rebuilt with int8 kernels already: nothing to do

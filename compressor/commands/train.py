@@ -36,9 +36,11 @@ from compressor.training.run_dir import write_metrics_csv
 from compressor.utils.config import LoaderConfig, OptimizerConfig, TrainConfig, make_optimizer
 from compressor.utils.distributed import DistContext, all_reduce_sum
 from compressor.utils.errors import UsageError
+from compressor.utils.precision import Precision
 
 __all__ = ["TrainState", "HEAD_LR_FACTOR", "set_bn_momentum", "check_head_lr",
-           "check_resume_epochs", "start_distillation", "run_training"]
+           "check_resume_epochs", "check_resume_precision", "start_distillation",
+           "run_training"]
 
 LOG = logging.getLogger("compressor")
 # A newly initialised classifier learns at this multiple of the backbone's --lr (Caffe's
@@ -65,6 +67,26 @@ def check_resume_epochs(config: TrainConfig, setup: RunSetup) -> None:
                          f"{done + 1} or more (the total, as in Distiller)")
 
 
+def _precision_flags(precision: Precision) -> str:
+    """The flags that select `precision` (in words where none do)."""
+    flags = ([f"--amp {precision.amp}"] if precision.amp else []) + (
+        ["--channels-last"] if precision.channels_last else [])
+    return " ".join(flags) if flags else "neither --amp nor --channels-last"
+
+
+def check_resume_precision(config: TrainConfig, setup: RunSetup) -> None:
+    """A resume computes its epochs as the checkpoint's were computed (exact resume): --amp and
+    --channels-last must be the ones it records (--reset-optimizer starts a new run)."""
+    if setup.checkpoint is None or config.reset_optimizer or "epoch" not in setup.checkpoint:
+        return
+    recorded = Precision.from_record(setup.checkpoint.get("precision"))
+    if recorded != config.precision:
+        raise UsageError(f"{setup.checkpoint_path} trained with {_precision_flags(recorded)}, "
+                         f"and this resume asks for {_precision_flags(config.precision)}; "
+                         f"repeat its flags to continue it exactly, or add --reset-optimizer to "
+                         "train on from its weights")
+
+
 def _int_key(setup: RunSetup, key: str) -> int:
     value = (setup.checkpoint or {}).get(key)
     if not isinstance(value, int) or isinstance(value, bool):
@@ -75,11 +97,13 @@ def _int_key(setup: RunSetup, key: str) -> int:
 
 
 def _restore(config: TrainConfig, setup: RunSetup, optimizer: torch.optim.Optimizer,
-             compression: Any) -> TrainState:
+             compression: Any, scaler: torch.amp.GradScaler | None) -> TrainState:
     checkpoint = setup.checkpoint
     if checkpoint is None or config.reset_optimizer:
         return TrainState()
     optimizer.load_state_dict(checkpoint["optimizer"])
+    if scaler is not None and checkpoint.get("grad_scaler"):
+        scaler.load_state_dict(checkpoint["grad_scaler"])
     if compression is not None and checkpoint.get("compression"):
         compression.load_state_dict(checkpoint["compression"])
     if checkpoint.get("rng"):
@@ -181,12 +205,15 @@ def _wrap(model: nn.Module, ctx: DistContext) -> nn.Module:
 
 
 def _begin_epoch(compression: Any, epoch: int, model: nn.Module, net: nn.Module,
-                 ctx: DistContext) -> nn.Module:
-    """Run the schedule's epoch start; a thinning step replaces parameters: rewrap for DDP."""
+                 ctx: DistContext, precision: Precision) -> nn.Module:
+    """Run the schedule's epoch start; a thinning step replaces parameters: put them in the
+    run's memory format, and rewrap for DDP."""
     if compression is None:
         return net
     before = _parameter_ids(model)
     compression.on_epoch_begin(epoch)
+    if _parameter_ids(model) != before:
+        precision.prepare(model)
     if ctx.enabled and _parameter_ids(model) != before:
         LOG.info("epoch %d: the model's structure changed; DDP wrapper rebuilt", epoch)
         return _wrap(model, ctx)
@@ -229,12 +256,17 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     run's search state). With `use_best`, the model ends with the best epoch's weights (see
     compressor.training.best) and the test metrics are that epoch's (`model_epoch`).
     """
+    precision = config.precision
+    precision.prepare(model)  # before the optimizer: its state follows the parameters' format
     optimizer = make_optimizer(_parameter_groups(model, setup.model.new_layers, config.optimizer),
                                config.optimizer)
+    scaler = precision.grad_scaler(ctx.device)
     if config.bn_momentum is not None:
         set_bn_momentum(model, config.bn_momentum)
     compression = _load_compression(config, model, optimizer, setup.seed)
-    state = _restore(config, setup, optimizer, compression)
+    state = _restore(config, setup, optimizer, compression, scaler)
+    if precision != Precision():
+        LOG.info("training in %s", precision.describe())
     loss_fn = get_loss(setup.model.arch_spec.loss)
     if distillation is not None:
         LOG.info("%s", distillation.describe())
@@ -251,7 +283,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
         for epoch in range(state.start_epoch, config.epochs):
             seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
             before = fingerprint(model) if recalibrate.enabled else ((), 0)
-            net = _begin_epoch(compression, epoch, model, net, ctx)
+            net = _begin_epoch(compression, epoch, model, net, ctx, precision)
             loader = train_loader(data.train, loader_cfg.batch_size, loader_cfg.workers,
                                   setup.seed, epoch, ctx)
             lr = optimizer.param_groups[0]["lr"]
@@ -260,13 +292,14 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
                 trained, epoch_loss = distillation.wrap(net), distillation.loss_for_epoch(epoch)
             train = train_one_epoch(trained, loader, epoch_loss, optimizer, ctx.device, epoch,
                                     hooks=compression, print_freq=config.print_freq,
-                                    reduce=reduce)
+                                    reduce=reduce, precision=precision, scaler=scaler)
             if recalibrate.enabled:
                 reason = stale_reason(model, config, len(loader), pruned_since(before, model),
                                        fine_tune and epoch == config.epochs - 1)
                 if reason is not None:
                     recalibrate(model, reason, epoch)
-            val = evaluate(net, monitor, ctx.device, reduce=reduce, desc="validate")
+            val = evaluate(net, monitor, ctx.device, reduce=reduce, desc="validate",
+                           precision=precision)
             if compression is not None:
                 compression.on_epoch_end(epoch, metrics=val)
             state.history.append(_epoch_row(epoch, lr, train, val, parameter_counts(model)))
@@ -282,7 +315,9 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
                     compression=compression.state_dict() if compression is not None else None,
                     distillation=distillation.record() if distillation is not None else None,
                     epoch=epoch, best_top1=state.best_top1, best_epoch=state.best_epoch,
-                    rng=get_rng_state(), history=state.history, **(extra or {})), is_best)
+                    rng=get_rng_state(), history=state.history, precision=precision.record(),
+                    grad_scaler=scaler.state_dict() if scaler is not None else None,
+                    **(extra or {})), is_best)
                 write_metrics_csv(run_dir, state.history)
     last_epoch = state.history[-1]["epoch"] if state.history else state.start_epoch - 1
     model_epoch = last_epoch
@@ -292,7 +327,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
         if recalibrate.enabled:  # what later steps (int8, export) start from
             recalibrate(model, "the run's final model", config.epochs)
     test = evaluate(net, eval_loader(data.test, loader_cfg.batch_size, loader_cfg.workers, ctx),
-                    ctx.device, reduce=reduce, desc="test")
+                    ctx.device, reduce=reduce, desc="test", precision=precision)
     return {**test, "epoch": last_epoch, "best_top1": state.best_top1,
             "best_epoch": state.best_epoch, "model_epoch": model_epoch,
             "train_time": sum(row["train_time"] for row in state.history)}

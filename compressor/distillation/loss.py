@@ -54,9 +54,10 @@ def student_output(output: Any) -> Any:
 
 def distillation_loss(student_logits: Tensor, teacher_logits: Tensor,
                       temperature: float) -> Tensor:
-    """T^2 * KL(softmax(teacher / T) || softmax(student / T)), averaged over the batch."""
-    log_student = F.log_softmax(student_logits / temperature, dim=1)
-    log_teacher = F.log_softmax(teacher_logits.detach() / temperature, dim=1)
+    """T^2 * KL(softmax(teacher / T) || softmax(student / T)), averaged over the batch (in
+    fp32: logits from a mixed-precision forward are cast first)."""
+    log_student = F.log_softmax(student_logits.float() / temperature, dim=1)
+    log_teacher = F.log_softmax(teacher_logits.detach().float() / temperature, dim=1)
     kl = F.kl_div(log_student, log_teacher, log_target=True, reduction="batchmean")
     return kl * (temperature * temperature)
 

@@ -19,6 +19,7 @@ from compressor.models.description import (
 )
 from compressor.quantization.int8.convert import convert_to_int8, kernels_saturate
 from compressor.quantization.int8.onednn import ONEDNN, onednn_available
+from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.qat.build import qat_from_recipe
 from compressor.quantization.simulated.packing import pack_state_dict, unpack_state_dict
 from compressor.quantization.simulated.post_train import quantize_from_recipe
@@ -91,5 +92,6 @@ def quantization_kind(description: ModelDescription) -> str | None:
 def int8_model(simulated: nn.Module, backend: str) -> nn.Module:
     """The int8-kernel model of a simulated post-training quantized one (on the CPU), with its
     description, remembering `simulated` as the form checkpoints store."""
-    converted = convert_to_int8(simulated.cpu(), backend)
+    int8_placement(simulated)
+    converted = convert_to_int8(simulated, backend)
     return attach_stored_form(describe(converted, description_of(simulated)), simulated)

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from tqdm import tqdm
 
 from compressor.training.losses import LossFn, main_logits
+from compressor.utils.precision import Precision
 
 __all__ = ["TrainHooks", "NoHooks", "MetricSums", "reports_top5", "count_correct",
            "train_one_epoch", "evaluate"]
@@ -107,32 +108,57 @@ def _progress(loader: Iterable[Any], desc: str) -> Iterable[Any]:
     return tqdm(loader, desc=desc, leave=False, disable=not sys.stderr.isatty(), dynamic_ncols=True)
 
 
-def _to_device(batch: tuple[Tensor, Tensor], device: torch.device) -> tuple[Tensor, Tensor]:
+def _to_device(batch: tuple[Tensor, Tensor], device: torch.device,
+               precision: Precision) -> tuple[Tensor, Tensor]:
     inputs, target = batch
-    return inputs.to(device, non_blocking=True), target.to(device, non_blocking=True)
+    inputs = precision.inputs(inputs.to(device, non_blocking=True))
+    return inputs, target.to(device, non_blocking=True)
+
+
+def _step(total: Tensor, optimizer: torch.optim.Optimizer, hooks: TrainHooks,
+          scaler: torch.amp.GradScaler | None, where: tuple[int, int, int]) -> None:
+    """Backward and the optimizer step; with a gradient scaler (fp16) the hooks see unscaled
+    gradients, and a step the scaler skips (inf/NaN gradients) leaves the weights as they were
+    (the masks the schedule re-applies after it keep pruned weights at zero either way)."""
+    optimizer.zero_grad(set_to_none=True)
+    if scaler is None:
+        total.backward()
+        hooks.before_parameter_optimization(*where)
+        optimizer.step()
+        return
+    scaler.scale(total).backward()
+    scaler.unscale_(optimizer)
+    hooks.before_parameter_optimization(*where)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
                     optimizer: torch.optim.Optimizer, device: torch.device, epoch: int,
                     hooks: TrainHooks | None = None, print_freq: int = 0,
-                    reduce: Reduce | None = None) -> dict[str, float]:
+                    reduce: Reduce | None = None, precision: Precision | None = None,
+                    scaler: torch.amp.GradScaler | None = None) -> dict[str, float]:
     """Train for one epoch; returns loss, top1, top5 (main head; see reports_top5), samples,
-    wall and CPU seconds."""
+    wall and CPU seconds.
+
+    `precision`: the forward pass and its loss (a teacher's too) under autocast, inputs in its
+    memory format; regularizers' terms, the optimizer and the masks stay fp32. `scaler`: fp16's
+    gradient scaler (Precision.grad_scaler), kept by the caller across epochs.
+    """
     hooks = hooks or NoHooks()
+    precision = precision or Precision()
     model.train()
     sums = MetricSums(device)
     batches = len(loader)  # type: ignore[arg-type]
     start, start_cpu = time.perf_counter(), time.process_time()
     for batch_idx, batch in enumerate(_progress(loader, f"epoch {epoch}")):
-        inputs, target = _to_device(batch, device)
+        inputs, target = _to_device(batch, device, precision)
         hooks.on_minibatch_begin(epoch, batch_idx, batches)
-        output = model(inputs)
-        loss = loss_fn(output, target)
+        with precision.autocast(device):
+            output = model(inputs)
+            loss = loss_fn(output, target).float()
         total = hooks.before_backward_pass(epoch, batch_idx, batches, loss)  # + regularizers
-        optimizer.zero_grad(set_to_none=True)
-        total.backward()
-        hooks.before_parameter_optimization(epoch, batch_idx, batches)
-        optimizer.step()
+        _step(total, optimizer, hooks, scaler, (epoch, batch_idx, batches))
         hooks.on_minibatch_end(epoch, batch_idx, batches)
         sums.update(main_logits(output), target, loss)
         if print_freq and (batch_idx + 1) % print_freq == 0:
@@ -145,13 +171,17 @@ def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader: Iterable[Any], device: torch.device,
-             reduce: Reduce | None = None, desc: str = "eval") -> dict[str, float]:
-    """Evaluate in eval mode; returns cross-entropy loss, top1, top5 (see reports_top5) and
-    samples."""
+             reduce: Reduce | None = None, desc: str = "eval",
+             precision: Precision | None = None) -> dict[str, float]:
+    """Evaluate in eval mode (under `precision`'s autocast and memory format, as trained);
+    returns cross-entropy loss, top1, top5 (see reports_top5) and samples."""
+    precision = precision or Precision()
     model.eval()
     sums = MetricSums(device)
     for batch in _progress(loader, desc):
-        inputs, target = _to_device(batch, device)
-        logits = main_logits(model(inputs))
+        inputs, target = _to_device(batch, device, precision)
+        with precision.autocast(device):
+            logits = main_logits(model(inputs))
+        logits = logits.float()
         sums.update(logits, target, F.cross_entropy(logits, target))
     return sums.result(reduce)

@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from compressor.utils.precision import Precision
+
 __all__ = ["OptimizerConfig", "LoaderConfig", "DataConfig", "ModelRequest", "DistillationConfig",
            "ReportConfig", "TrainConfig", "QuantizeConfig", "BudgetConfig", "make_optimizer"]
 
@@ -140,6 +142,7 @@ class TrainConfig:
     bn_momentum: float | None = None  # --bn-momentum: every batch norm's, while training
     # --bn-recalibrate: batches of a batch-norm re-estimation (None: automatic, 0: never)
     bn_recalibrate: int | None = None
+    precision: Precision = Precision()  # --amp, --channels-last
 
 
 def make_optimizer(params: Iterable[torch.nn.Parameter] | Iterable[dict[str, Any]],

@@ -25,6 +25,7 @@ from compressor.quantization.core.errors import QuantizationError, shown
 from compressor.quantization.core.range_linear import LinearQuantizeSTE, code_dtype
 from compressor.quantization.core.settings import LayerSettings, QuantSettings
 from compressor.quantization.qat.compact import GridParts
+from compressor.quantization.qat.precision import in_fp32
 from compressor.quantization.qat.quantizer import QATQuantizer
 
 __all__ = [
@@ -75,6 +76,7 @@ class DorefaWeightQuant(nn.Module):
         """The bits."""
         return f"num_bits={self.num_bits}"
 
+    @in_fp32
     def forward(self, weight: Tensor) -> Tensor:
         """The quantized weight."""
         return dorefa_weight(weight, self.num_bits)
@@ -83,6 +85,7 @@ class DorefaWeightQuant(nn.Module):
 class WRPNWeightQuant(DorefaWeightQuant):
     """WRPN weight quantization as a module."""
 
+    @in_fp32
     def forward(self, weight: Tensor) -> Tensor:
         """The quantized weight."""
         return wrpn_weight(weight, self.num_bits)
@@ -99,6 +102,7 @@ class ClippedLinearQuantization(nn.Module):
         """Bits and clipping value."""
         return f"num_bits={self.num_bits}, clip_val={self.clip_val}"
 
+    @in_fp32
     def forward(self, x: Tensor, active: Tensor | None = None) -> Tensor:
         """x clamped (gradient 1 inside and at the ends) then on the grid."""
         levels = 2 ** self.num_bits - 1
@@ -128,6 +132,7 @@ class LearnedClippedLinearQuantization(nn.Module):
         """The bits (clip_val is a parameter)."""
         return f"num_bits={self.num_bits}"
 
+    @in_fp32
     def forward(self, x: Tensor, active: Tensor | None = None) -> Tensor:
         """x clipped to [0, clip_val] then on the grid; d/d clip_val is 1 where x >= clip_val."""
         levels = 2 ** self.num_bits - 1

@@ -39,6 +39,7 @@ from compressor.quantization.qat.compact import (
     layer_on_codes,
     masked_quantize,
 )
+from compressor.quantization.qat.precision import in_fp32
 
 __all__ = ["DEFAULT_EMA_DECAY", "where_enabled", "update_ema", "range_qparams", "RangeTracker",
            "tracked_clip_range", "on_tracked_grid", "tracked_grid_parts", "compact_now",
@@ -185,12 +186,14 @@ class FakeLinearQuantization(nn.Module):
         """The range values are clamped to: the tracked one, made symmetric in symmetric modes."""
         return tracked_clip_range(self.tracker, self.mode)
 
+    @in_fp32
     def forward(self, x: Tensor, active: Tensor) -> Tensor:
         """x on the grid of the tracked range (tracking only counts while `active`)."""
         if self.training:
             self.tracker.update(x, active)
         return self.on_grid(x)
 
+    @in_fp32
     def on_grid(self, x: Tensor) -> Tensor:
         """x on the grid of the tracked range as it is now (nothing tracked)."""
         return on_tracked_grid(x, self.tracker, self.num_bits, self.mode)
@@ -230,6 +233,7 @@ class LinearWeightQuant(nn.Module):
         low, high = torch.aminmax(flat)
         return range_qparams(low, high, self.num_bits, self.mode)
 
+    @in_fp32
     def forward(self, weight: Tensor) -> Tensor:
         """The fake-quantized weight."""
         qmin, qmax = quantized_range(self.num_bits, self.mode)
@@ -247,6 +251,7 @@ class InputGrid:
                  own: tuple[RangeTracker, int, LinearQuantMode] | None = None) -> None:
         self.producer, self.own = producer, own
 
+    @in_fp32
     def __call__(self, x: Tensor) -> Tensor:
         """`x` fake-quantized on the grid."""
         if self.producer is not None:

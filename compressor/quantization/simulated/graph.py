@@ -15,6 +15,7 @@ ops that are exact on quantized tensors (views, flattens, shuffles, max pooling)
 
 from __future__ import annotations
 
+import itertools
 import operator
 from typing import Any
 
@@ -87,6 +88,12 @@ def _unique(name: str, taken: set[str]) -> str:
     return candidate
 
 
+def _device_of(model: nn.Module) -> torch.device:
+    """Where the model's first parameter or buffer is (the CPU for a model without any)."""
+    tensor = next(itertools.chain(model.parameters(), model.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
 def explicit_graph(model: nn.Module, sample: Tensor | None = None) -> torch.fx.GraphModule:
     """`model` (eval mode) as a GraphModule whose functional add/mul/cat of tensors are named
     Eltwise modules; its description comes along. Raises QuantizationError when torch.fx
@@ -103,7 +110,9 @@ def explicit_graph(model: nn.Module, sample: Tensor | None = None) -> torch.fx.G
         if not described(model):
             raise QuantizationError("explicit_graph needs a sample batch for a model without a "
                                     "ModelDescription; pass one, or build it with create_model")
-        sample = torch.zeros(1, *description_of(model).input_spec.input_size)
+        # on the model's device: tracing a model on an accelerator runs there
+        sample = torch.zeros(1, *description_of(model).input_spec.input_size,
+                             device=_device_of(model))
     try:
         with torch.no_grad():
             ShapeProp(module).propagate(sample)
