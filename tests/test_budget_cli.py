@@ -159,7 +159,7 @@ def test_a_budget_needs_trained_weights_and_a_validation_split(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("flag", [("--latency-batch", "8"), ("--max-accuracy-drop", "1"),
-                                  ("--no-kd",), ("--minimize", "macs")])
+                                  ("--no-kd",)])
 def test_budget_flags_on_a_checkpoint_that_is_not_a_budget_run_are_refused(
         flag: tuple[str, ...], tmp_path: Path) -> None:
     dense = _untrained(tmp_path / "dense.pth.tar")

@@ -63,7 +63,9 @@ class ActivationAPoZRankedFilterPruner(RankedStructurePruner):
 
     def _make_hook(self, weight: str):  # noqa: ANN202 - a closure for register_forward_hook
         def hook(module: nn.Module, inputs: Any, output: Tensor) -> None:
-            if not module.training:
+            # training steps only: a batch-norm re-estimation runs its batch norms in train
+            # mode too, but without gradients, and its batches are no training statistics
+            if not module.training or not torch.is_grad_enabled():
                 return
             with torch.no_grad():
                 dims = [d for d in range(output.dim()) if d != 1]
