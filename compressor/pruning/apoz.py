@@ -58,14 +58,14 @@ class ActivationAPoZRankedFilterPruner(RankedStructurePruner):
             self._channels[weight] = int(param.shape[0])
             self._anchor = param
             observed = bn_of.get(layer) or layer
-            hook = self._make_hook(weight)
+            hook = self._make_hook(weight, model)
             self._handles.append(model.get_submodule(observed).register_forward_hook(hook))
 
-    def _make_hook(self, weight: str):  # noqa: ANN202 - a closure for register_forward_hook
+    def _make_hook(self, weight: str, model: nn.Module):  # noqa: ANN202 - a forward hook
         def hook(module: nn.Module, inputs: Any, output: Tensor) -> None:
-            # training steps only: a batch-norm re-estimation runs its batch norms in train
-            # mode too, but without gradients, and its batches are no training statistics
-            if not module.training or not torch.is_grad_enabled():
+            # while the model trains: a batch-norm re-estimation runs its batch norms alone in
+            # train mode (the model in eval mode), and its batches are no training statistics
+            if not (module.training and model.training):
                 return
             with torch.no_grad():
                 dims = [d for d in range(output.dim()) if d != 1]
