@@ -117,7 +117,12 @@ def runs(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     family: Family = request.param
     runs = Runs(family, tmp_path_factory.mktemp(family.name))
     failed_before = request.session.testsfailed
-    _ok(run_cli(*runs.train("--epochs", "1", "-o", str(runs.out), "-n", "first")))
+    # random weights on random images: re-estimated batch-norm statistics put some families'
+    # logits near 100, where the exports' checks (float32 to 1e-5 of the output scale, QDQ
+    # rounding) are at their limits; this module tests each step's path, so the first run keeps
+    # its running statistics as trained
+    _ok(run_cli(*runs.train("--epochs", "1", "--bn-recalibrate", "0", "-o", str(runs.out),
+                            "-n", "first")))
     yield runs
     if request.session.testsfailed == failed_before:
         shutil.rmtree(runs.out, ignore_errors=True)
