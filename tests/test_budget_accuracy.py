@@ -102,6 +102,9 @@ def test_target_accuracy_drop_compresses_as_far_as_accuracy_allows(dense: Path) 
     assert "| MACs" in result.stdout and "minimized" in result.stdout
     evaluations = report["search"]["evaluations"]
     assert evaluations > 3
+    spent = report["search"]["batch_norm_recalibration"]  # every candidate re-estimated
+    assert spent["enabled"] and spent["candidates"] >= evaluations - 1 and spent["seconds"] > 0
+    assert "batch-norm statistics re-estimated for each of" in result.stdout
     checkpoint = load_checkpoint(out / "bounded" / "checkpoint.pth.tar")
     state = checkpoint["budget"]
     dense_top1 = state["evaluations"][",".join("0" * len(state["groups"]))]["top1"]

@@ -186,7 +186,9 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
     score = evaluation_fn(_search_subset(data.val, setup.seed), run.train.loader, ctx,
                           desc="search")
     recalibrate = recalibrator(data.train, run.train, setup.seed, ctx)
-    spent = {"seconds": 0.0, "candidates": 0}
+    # what the re-estimations cost, continued from a resumed search's record
+    spent = {"seconds": 0.0, "candidates": 0, **dict(state.get("recalibration") or {}),
+             "batches": recalibrate.batches, "enabled": recalibrate.enabled}
 
     def validate(candidate: nn.Module) -> Mapping[str, float]:
         # a pruned candidate's running statistics are the dense model's, stale: re-estimated
@@ -196,15 +198,15 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
         if done is not None:
             spent["seconds"] += done.seconds
             spent["candidates"] += 1
-        state["recalibration"] = dict(spent, batches=recalibrate.batches,
-                                      enabled=recalibrate.enabled)
         return score(inference_copy(work))  # frozen while scored: the faster form
 
     measure, measure_latencies = search_measures(model, latency, size_scale=size_scale,
                                                  timed=_timed_by_rank0)
-    return BudgetSearch(model, probe_batch(model, 1), Budget(state["targets"],
-                        accuracy_drop=state.get("accuracy_drop")), validate,
-                        measure, state=state, measure_latencies=measure_latencies)
+    search = BudgetSearch(model, probe_batch(model, 1), Budget(
+        state["targets"], accuracy_drop=state.get("accuracy_drop")), validate, measure,
+        state=state, measure_latencies=measure_latencies)
+    search.state["recalibration"] = spent  # the search's own state: checkpointed with it
+    return search
 
 
 def _search(search: BudgetSearch, run: BudgetRun, ctx: DistContext, model: nn.Module,
