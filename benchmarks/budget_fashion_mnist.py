@@ -205,7 +205,8 @@ def run_ours(s: Settings, seed: int, budget: str, dense: Path, kd: bool) -> ArmR
                 raise
     report = _read_json(run_dir / "budget.json")
     row = next(r for r in report["budgets"] if r["quantity"] == quantity)
-    return ArmResult(seed, budget, arm, str(run_dir / "checkpoint.pth.tar"), False,
+    # best.pth.tar: the model a budget run hands over (best epoch, statistics re-estimated)
+    return ArmResult(seed, budget, arm, str(run_dir / "best.pth.tar"), False,
                      float(report["search"]["seconds"]), float(report["fine_tune"]["seconds"]),
                      float(row["achieved"]), bool(row["met"]), float(report["final_test_top1"]),
                      {"search": report["search"], "fine_tune": report["fine_tune"],

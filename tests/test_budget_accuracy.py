@@ -117,6 +117,12 @@ def test_target_accuracy_drop_compresses_as_far_as_accuracy_allows(dense: Path) 
         assert "validation top-1 dropped" in result.stderr
     assert report["accuracy"]["model_epoch"] == load_checkpoint(
         out / "bounded" / "best.pth.tar")["epoch"]
+    # every number the run reports is the model it hands over: best.pth.tar, evaluated alone
+    again = run_cli("-e", "--resume-from", str(out / "bounded" / "best.pth.tar"), *COMMON,
+                    "-o", str(out), "-n", "bounded-eval")
+    assert again.returncode == 0, again.stderr[-3000:]
+    evaluated = json.loads((out / "bounded-eval" / "results.json").read_text())
+    assert evaluated["top1"] == report["float_test_top1"]
 
 
 @pytest.mark.slow

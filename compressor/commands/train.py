@@ -22,7 +22,13 @@ from compressor.models.description import description_of
 from compressor.quantization.recipe import quantization_kind
 from compressor.reports import open_epoch_reports
 from compressor.training.best import BestEpoch, parameter_counts
-from compressor.training.checkpoint import get_rng_state, save_run_checkpoint, set_rng_state
+from compressor.training.checkpoint import (
+    BEST_NAME,
+    get_rng_state,
+    save_checkpoint,
+    save_run_checkpoint,
+    set_rng_state,
+)
 from compressor.training.dataloaders import epoch_seed, eval_loader, seed_everything, train_loader
 from compressor.training.loop import evaluate, train_one_epoch
 from compressor.training.losses import get_loss
@@ -254,7 +260,8 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     `distillation` is what start_distillation returned (built before the run directory, so
     its refusals leave no file behind); `extra` holds checkpoint keys a command adds (a budget
     run's search state). With `use_best`, the model ends with the best epoch's weights (see
-    compressor.training.best) and the test metrics are that epoch's (`model_epoch`).
+    compressor.training.best), its batch-norm statistics re-estimated, written to best.pth.tar,
+    and the test metrics are that model's (`model_epoch`).
     """
     precision = config.precision
     precision.prepare(model)  # before the optimizer: its state follows the parameters' format
@@ -279,6 +286,17 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     recalibrate = recalibrator(data.train, config, setup.seed, ctx)
     fine_tune = setup.model.pretrained or bool(setup.model.new_layers)
     best = BestEpoch(state.history, state.best_epoch, keep_weights=use_best)
+
+    def checkpoint_of(epoch: int) -> dict[str, Any]:
+        """The run's checkpoint with the model as it is now, as of `epoch`."""
+        return assemble_checkpoint(
+            model, args=args_record, optimizer=optimizer.state_dict(), lr_scheduler=None,
+            compression=compression.state_dict() if compression is not None else None,
+            distillation=distillation.record() if distillation is not None else None,
+            epoch=epoch, best_top1=state.best_top1, best_epoch=state.best_epoch,
+            rng=get_rng_state(), history=state.history, precision=precision.record(),
+            grad_scaler=scaler.state_dict() if scaler is not None else None, **(extra or {}))
+
     with _heap_frozen(), reports:
         for epoch in range(state.start_epoch, config.epochs):
             seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
@@ -309,15 +327,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
                 state.best_top1, state.best_epoch = val["top1"], epoch
             LOG.info("%s", _epoch_line(epoch, train, val))
             if run_dir is not None:
-                save_run_checkpoint(run_dir, assemble_checkpoint(
-                    model, args=args_record, optimizer=optimizer.state_dict(),
-                    lr_scheduler=None,
-                    compression=compression.state_dict() if compression is not None else None,
-                    distillation=distillation.record() if distillation is not None else None,
-                    epoch=epoch, best_top1=state.best_top1, best_epoch=state.best_epoch,
-                    rng=get_rng_state(), history=state.history, precision=precision.record(),
-                    grad_scaler=scaler.state_dict() if scaler is not None else None,
-                    **(extra or {})), is_best)
+                save_run_checkpoint(run_dir, checkpoint_of(epoch), is_best)
                 write_metrics_csv(run_dir, state.history)
     last_epoch = state.history[-1]["epoch"] if state.history else state.start_epoch - 1
     model_epoch = last_epoch
@@ -326,6 +336,8 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
         model_epoch = best.restore(model, last_epoch, resumed_from)
         if recalibrate.enabled:  # what later steps (int8, export) start from
             recalibrate(model, "the run's final model", config.epochs)
+        if run_dir is not None:  # best.pth.tar is the model handed over, as evaluated below
+            save_checkpoint(run_dir / BEST_NAME, checkpoint_of(model_epoch))
     test = evaluate(net, eval_loader(data.test, loader_cfg.batch_size, loader_cfg.workers, ctx),
                     ctx.device, reduce=reduce, desc="test", precision=precision)
     return {**test, "epoch": last_epoch, "best_top1": state.best_top1,
