@@ -168,8 +168,9 @@ CLASSIFIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 # weights: vit_h_14's are at 518 px) feeds it.
 INPUT_SIZE_ARGS: tuple[tuple[str, str], ...] = (("vit_", "image_size"),)
 
-# Models whose torchvision defaults we change, with the reason in DESIGN.md: both get their
-# input normalization from the InputSpec (transform_input=False) and train with aux heads.
+# Models whose torchvision defaults we change: both get their input normalization from the
+# InputSpec (transform_input=False, which its weights' measured top-1 favours) and train with
+# their aux heads (the registry's aux-logits loss).
 SPECIAL_CASES: MappingProxyType[str, dict[str, Any]] = MappingProxyType({
     "inception_v3": dict(loss="inception_aux",
                          model_attrs={"transform_input": False, "aux_logits": True}),
