@@ -63,8 +63,7 @@ def load_weights(model: nn.Module, state_dict: Mapping[str, Any], source: str) -
 
 def assemble_checkpoint(model: nn.Module, *, args: Mapping[str, Any],
                         **progress: Any) -> dict[str, Any]:
-    """The checkpoint dict (see compressor.training.checkpoint) for `model` (wrappers looked
-    through) and progress keys.
+    """The checkpoint dict for `model` (wrappers looked through) and its progress keys.
 
     The model's ModelDescription gives arch, dataset, classes, input spec and model_attrs;
     `progress` holds optimizer, lr_scheduler, compression, epoch, best_top1, best_epoch, rng...
