@@ -21,7 +21,7 @@ from compressor.data import DatasetSplits
 from compressor.models.description import description_of
 from compressor.quantization.recipe import quantization_kind
 from compressor.reports import open_epoch_reports
-from compressor.training.best import BestEpoch, parameter_counts
+from compressor.training.best import BestEpoch
 from compressor.training.checkpoint import (
     BEST_NAME,
     get_rng_state,
@@ -52,6 +52,8 @@ LOG = logging.getLogger("compressor")
 # A newly initialised classifier learns at this multiple of the backbone's --lr (Caffe's
 # fine-tuning recipe: the new layer at lr_mult 10; fast.ai's discriminative rates)
 HEAD_LR_FACTOR = 10.0
+
+
 @dataclass
 class TrainState:
     """Progress that a checkpoint carries from one run to its resumption."""
@@ -218,9 +220,10 @@ def _begin_epoch(compression: Any, epoch: int, model: nn.Module, net: nn.Module,
         return net
     before = _parameter_ids(model)
     compression.on_epoch_begin(epoch)
-    if _parameter_ids(model) != before:
-        precision.prepare(model)
-    if ctx.enabled and _parameter_ids(model) != before:
+    if _parameter_ids(model) == before:
+        return net
+    precision.prepare(model)
+    if ctx.enabled:
         LOG.info("epoch %d: the model's structure changed; DDP wrapper rebuilt", epoch)
         return _wrap(model, ctx)
     return net
@@ -300,7 +303,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     with _heap_frozen(), reports:
         for epoch in range(state.start_epoch, config.epochs):
             seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
-            before = fingerprint(model) if recalibrate.enabled else ((), 0)
+            before = fingerprint(model)
             net = _begin_epoch(compression, epoch, model, net, ctx, precision)
             loader = train_loader(data.train, loader_cfg.batch_size, loader_cfg.workers,
                                   setup.seed, epoch, ctx)
@@ -311,16 +314,17 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
             train = train_one_epoch(trained, loader, epoch_loss, optimizer, ctx.device, epoch,
                                     hooks=compression, print_freq=config.print_freq,
                                     reduce=reduce, precision=precision, scaler=scaler)
+            after = fingerprint(model)  # re-estimation changes no parameter
             if recalibrate.enabled:
-                reason = stale_reason(model, config, len(loader), pruned_since(before, model),
-                                       fine_tune and epoch == config.epochs - 1)
+                reason = stale_reason(model, config, len(loader), pruned_since(before, after),
+                                      fine_tune and epoch == config.epochs - 1)
                 if reason is not None:
                     recalibrate(model, reason, epoch)
             val = evaluate(net, monitor, ctx.device, reduce=reduce, desc="validate",
                            precision=precision)
             if compression is not None:
                 compression.on_epoch_end(epoch, metrics=val)
-            state.history.append(_epoch_row(epoch, lr, train, val, parameter_counts(model)))
+            state.history.append(_epoch_row(epoch, lr, train, val, after[1]))
             reports.epoch_end(epoch, state.history[-1], model, compression)
             is_best = best.update(state.history[-1], model)
             if is_best:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import torch
 from torch import nn
 
 from compressor.training.batchnorm import (
@@ -15,12 +14,13 @@ from compressor.training.batchnorm import (
     recalibration_batches,
     settle_steps,
 )
+from compressor.training.best import parameter_counts
 from compressor.training.dataloaders import epoch_seed, train_loader
 from compressor.utils.config import TrainConfig
 from compressor.utils.distributed import DistContext, all_reduce_sum
 
-__all__ = ["Recalibrator", "recalibrator", "fingerprint", "pruned_since", "stale_reason",
-           "RECALIBRATION_SEED_OFFSET"]
+__all__ = ["Recalibrator", "recalibrator", "Fingerprint", "fingerprint", "pruned_since",
+           "stale_reason", "RECALIBRATION_SEED_OFFSET"]
 
 LOG = logging.getLogger("compressor")
 # batch-norm re-estimations read the training split in an order of their own (seed + this)
@@ -66,18 +66,19 @@ def recalibrator(dataset: Any, config: TrainConfig, seed: int, ctx: DistContext
                         config.bn_recalibrate)
 
 
-def fingerprint(model: nn.Module) -> tuple[tuple[tuple[int, ...], ...], int]:
-    """What changes when pruning or thinning changes the model: parameter shapes and the
-    number of weights at exactly zero."""
-    with torch.no_grad():
-        zeros = sum(int((param == 0).sum()) for param in model.parameters())
-    return tuple(tuple(param.shape) for param in model.parameters()), zeros
+Fingerprint = tuple[tuple[tuple[int, ...], ...], tuple[int, int]]
 
 
-def pruned_since(before: tuple[tuple[tuple[int, ...], ...], int], model: nn.Module) -> bool:
-    """Whether thinning changed a shape or pruning zeroed more weights since `before`."""
-    shapes, zeros = fingerprint(model)
-    return shapes != before[0] or zeros > before[1]
+def fingerprint(model: nn.Module) -> Fingerprint:
+    """What changes when pruning or thinning changes the model: parameter shapes, and the
+    (non-zero, total) parameter counts that also rank the best epoch."""
+    return tuple(tuple(param.shape) for param in model.parameters()), parameter_counts(model)
+
+
+def pruned_since(before: Fingerprint, after: Fingerprint) -> bool:
+    """Whether thinning changed a shape or pruning zeroed more weights from `before` to
+    `after`."""
+    return after[0] != before[0] or after[1][0] < before[1][0]
 
 
 def stale_reason(model: nn.Module, config: TrainConfig, steps: int, changed: bool,
