@@ -262,14 +262,11 @@ def _recalibration(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
     transforms), read now, before any file is written."""
     if not args.bn_recalibrate:
         return None
-    source = calibration_source(setup, data_config(args, training=False), data.test, "train")
-    try:
-        dataset = source()
-    except CompressorError as exc:
-        raise UsageError(f"--bn-recalibrate reads training images: "
-                         f"{_one_line(exc).split('; calibration reads')[0]}; give the dataset "
-                         "with its training split, or drop --bn-recalibrate") from None
-    return recalibrator(dataset, train_config(args), setup.seed, ctx)
+    source = calibration_source(
+        setup, data_config(args, training=False), data.test, "train",
+        fix="--bn-recalibrate reads training images: give the dataset with its training split, "
+            "or drop --bn-recalibrate")
+    return recalibrator(source(), train_config(args), setup.seed, ctx)
 
 
 def _calibration(args: argparse.Namespace, setup: RunSetup, model: nn.Module,

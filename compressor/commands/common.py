@@ -105,10 +105,15 @@ def run_record(arguments: Mapping[str, Any], setup: RunSetup,
     return record
 
 
-def calibration_source(setup: RunSetup, config: DataConfig, test: Dataset,
-                       split: str) -> Callable[[], Dataset]:
+CALIBRATION_FIX = ("calibration reads the training split, or calibrate on the test split with "
+                   "--qe-calibration-split test")
+
+
+def calibration_source(setup: RunSetup, config: DataConfig, test: Dataset, split: str,
+                       fix: str = CALIBRATION_FIX) -> Callable[[], Dataset]:
     """What calibration reads, loaded when first asked for: the training split with evaluation
-    transforms, or (Distiller's choice, `split="test"`) the test split evaluated on."""
+    transforms, or (Distiller's choice, `split="test"`) the test split evaluated on; `fix`
+    ends the line of a training split that cannot be read (what reads it and what to do)."""
     if split == "test":
         return lambda: test
 
@@ -118,7 +123,6 @@ def calibration_source(setup: RunSetup, config: DataConfig, test: Dataset,
             return load_calibration_dataset(description.dataset, config.root,
                                             description.input_spec, **_labels(setup))
         except DataError as exc:
-            raise DataError(f"{exc}; calibration reads the training split, or calibrate on the "
-                            "test split with --qe-calibration-split test") from None
+            raise DataError(f"{exc}; {fix}") from None
 
     return training_split
