@@ -384,49 +384,45 @@ class BudgetSearch:
         return tuple(removed)
 
     def run(self) -> SearchResult:
-        """Bisect along the ranking to the fewest channels removed that meet every budget."""
+        """Bisect along the ranking to the fewest channels removed that meet every budget (with
+        an accuracy drop: the most removed whose candidate keeps accuracy within it)."""
         quantities = self.budget.quantities
         self.dense_entry()
         order = self._order()
-        low, high = 0, len(order)
         # timings vary by a few percent: a latency bisection stops at a few channels
         resolution = (max(1, len(order) // LATENCY_BISECTION_PARTS)
                       if "latency" in quantities else 1)
         if self.budget.accuracy_drop is not None:
-            return self._accuracy_bounded(order, resolution)
-        top = self._evaluate(self._counts(order, high), "search", quantities)
-        if self._met(top):
-            while high - low > resolution:
-                middle = (low + high) // 2
-                entry = self._evaluate(self._counts(order, middle), "search", quantities)
-                if self._met(entry):
-                    high = middle
-                else:
-                    low = middle
-        chosen = self._evaluate(self._counts(order, high), "search", quantities)
+            taken = self._bisect(order, resolution, more_is_met=False)
+            return self._chosen(self._evaluate(self._counts(order, taken), "search",
+                                               quantities))
+        taken = self._bisect(order, resolution, more_is_met=True)
+        chosen = self._evaluate(self._counts(order, taken), "search", quantities)
         if self._met(chosen):
             chosen = self._rounded(chosen)
-        chosen = self._confirmed(order, high, chosen)
-        self.state["chosen"] = chosen["removed"]
-        self._saved()
-        return SearchResult(self.groups, tuple(chosen["removed"]), self.ratios(chosen),
-                            self._met(chosen))
+        return self._chosen(self._confirmed(order, taken, chosen))
 
-    def _accuracy_bounded(self, order: list[int], resolution: int) -> SearchResult:
-        """Bisect along the ranking to the most channels removed whose candidate keeps its
-        validation top-1 within the accuracy drop (the dense model does: 0 removed)."""
+    def _bisect(self, order: list[int], resolution: int, more_is_met: bool) -> int:
+        """How many channels along the ranking sit at the boundary of `_met`: with
+        `more_is_met` (budgets met by removing more) the fewest that meet them, or all when
+        even all do not; else (an accuracy bound, held by removing less) the most that still
+        hold, or all when all do."""
         quantities = self.budget.quantities
         low, high = 0, len(order)
-        top = self._evaluate(self._counts(order, high), "search", quantities)
-        if self._met(top):
-            low = high
+        if self._met(self._evaluate(self._counts(order, high), "search", quantities)) \
+                != more_is_met:
+            return high
         while high - low > resolution:
             middle = (low + high) // 2
-            if self._met(self._evaluate(self._counts(order, middle), "search", quantities)):
-                low = middle
-            else:
+            met = self._met(self._evaluate(self._counts(order, middle), "search", quantities))
+            if met == more_is_met:
                 high = middle
-        chosen = self._evaluate(self._counts(order, low), "search", quantities)
+            else:
+                low = middle
+        return high if more_is_met else low
+
+    def _chosen(self, chosen: dict[str, Any]) -> SearchResult:
+        """Record `chosen` in the state (checkpointed) and return it as the result."""
         self.state["chosen"] = chosen["removed"]
         self._saved()
         return SearchResult(self.groups, tuple(chosen["removed"]), self.ratios(chosen),
