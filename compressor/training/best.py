@@ -18,6 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from compressor.training.checkpoint import load_checkpoint
+from compressor.utils.errors import CompressorError
+
 __all__ = ["BestEpoch", "parameter_counts"]
 
 LOG = logging.getLogger("compressor")
@@ -92,10 +95,10 @@ def _best_file_weights(path: Path, epoch: int) -> dict[str, torch.Tensor] | None
     if not path.is_file():
         return None
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 - unreadable: the last epoch's weights are used instead
+        checkpoint = load_checkpoint(path)
+    except CompressorError:  # unreadable: the last epoch's weights are used instead
         return None
-    if not isinstance(checkpoint, Mapping) or checkpoint.get("epoch") != epoch:
+    if checkpoint.get("epoch") != epoch:
         return None
     state = checkpoint.get("state_dict")
     return dict(state) if isinstance(state, Mapping) else None
