@@ -139,9 +139,12 @@ def _schedule(path: Path, pruner: dict, extra: dict | None = None) -> Path:
 
 
 def test_resume_is_one_run(runs: Runs) -> None:
-    _ok(run_cli(*runs.train("--epochs", "2", "-o", str(runs.out), "-n", "full")))
+    # the same flags as the first run (--bn-recalibrate 0 included): a resume continues the run
+    # its command line describes; resuming with re-estimation is tested on the digits
+    _ok(run_cli(*runs.train("--epochs", "2", "--bn-recalibrate", "0", "-o", str(runs.out),
+                            "-n", "full")))
     _ok(runs.run("resumed", "--resume-from", str(runs.checkpoint), "--epochs", "2", "--lr",
-                 "0.01", *DATA))
+                 "0.01", "--bn-recalibrate", "0", *DATA))
     full = load_checkpoint(runs.out / "full" / "checkpoint.pth.tar")
     resumed = load_checkpoint(runs.out / "resumed" / "checkpoint.pth.tar")
     assert _metrics(full["history"]) == _metrics(resumed["history"]) and resumed["epoch"] == 1
