@@ -26,7 +26,7 @@ from compressor.thinning.thin import find_thinning
 from tests.conftest import run_cli, trained_like_batchnorms
 from tests.fixtures import coupled_nets
 
-FIXTURES = ("AllFourNet", "SEInvertedResidualNet", "DenseGroupedNet")
+FIXTURES = ("AllFourNet", "SEInvertedResidualNet", "DenseGroupedNet", "LayerScaleNet")
 CODE = Path(coupled_nets.__file__).resolve()
 COMMON = ("-j", "0", "-p", "0", "-b", "32", "--deterministic")
 SPLITS = ("--etrs", "0.05", "--etes", "0.1", "--evs", "0.2")
@@ -131,6 +131,46 @@ def test_all_four_groups_thin_exactly_at_half_of_each_group() -> None:
     grouped = thinned.get_submodule("grouped.0")
     assert (grouped.groups, grouped.in_channels, grouped.out_channels) == (4, 32, 32)
     assert _macs(thinned) <= 0.5 * _macs(model)
+
+
+def test_layer_scale_channels_are_sliced_with_their_stream() -> None:
+    """A bare per-channel parameter (a layer scale's gamma) goes with the channels it scales:
+    the residual stream is one group, the thinned model computes what the masked one did, and
+    the recipe replays on a freshly built model, which then loads the thinned weights."""
+    model, inputs = _model("LayerScaleNet")
+    stream = next(g for g in prunable_groups(model, inputs) if g.layer == "stem.0")
+    assert set(stream.weights) == {"stem.0.weight", "blocks.0.project.0.weight",
+                                   "blocks.1.project.0.weight"}
+    masked, thinned = _masked_and_thinned(model, inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
+    assert thinned.blocks[0].scale.gamma.shape == (8, 1, 1)
+    recipe, _ = find_thinning(copy.deepcopy(model), inputs, exact=True)
+    assert set(recipe["parameters"]) == {"blocks.0.scale.gamma", "blocks.1.scale.gamma"}
+    rebuilt = apply_thinning_recipe(coupled_nets.LayerScaleNet(), recipe)
+    rebuilt.load_state_dict(thinned.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.eval()(inputs), masked, atol=1e-5, rtol=1e-5)
+
+
+def test_a_recipe_naming_a_missing_parameter_is_refused() -> None:
+    from compressor.utils.errors import CheckpointError
+
+    recipe = {"version": 1, "modules": {},
+              "parameters": {"blocks.0.scale.beta": {"dim": 0, "size": 16, "removed": [0]}}}
+    with pytest.raises(CheckpointError, match="parameter 'blocks.0.scale.beta'"):
+        apply_thinning_recipe(coupled_nets.LayerScaleNet(), recipe)
+
+
+def test_composed_recipes_remove_parameter_channels_of_the_fresh_model() -> None:
+    from compressor.thinning.recipe import compose_recipes
+
+    first = {"version": 1, "modules": {},
+             "parameters": {"g": {"dim": 0, "size": 8, "removed": [1, 3]}}}
+    second = {"version": 1, "modules": {},
+              "parameters": {"g": {"dim": 0, "size": 6, "removed": [1, 2]}}}
+    # the thinned model's channels 1, 2 are the fresh model's 2, 4
+    assert compose_recipes(first, second)["parameters"]["g"]["removed"] == [1, 2, 3, 4]
 
 
 @pytest.fixture(scope="module")

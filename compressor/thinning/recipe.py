@@ -6,6 +6,12 @@ model, and whether a bias was added to absorb a removed channel's constant outpu
     {"version": 1, "modules": {"layer1.0.conv1": {"type": "Conv2d", "sizes": [16, 16],
                                                   "out": [3, 7], "in": [], "add_bias": false}}}
 
+A per-channel parameter that is no layer's own (a layer scale's gamma, `x * gamma`) goes
+under "parameters", by its full name, with the dimension its channels are on:
+
+    {"parameters": {"stages.0.blocks.0.layer_scale.gamma": {"dim": 0, "size": 48,
+                                                            "removed": [3, 7]}}}
+
 Indices always refer to the freshly built model, so recipes compose (thinning twice) and a
 checkpoint's state_dict loads into `apply_thinning_recipe(build(...), recipe)`.
 """
@@ -146,7 +152,25 @@ def apply_thinning_recipe(model: nn.Module, recipe: dict[str, Any]) -> nn.Module
             raise CheckpointError(f"thinning recipe names '{name}', which is not a thinnable "
                                   f"module of this model; rebuild with the checkpoint's arch")
         _thin_module(module, name, entry)
+    for name, entry in recipe.get("parameters", {}).items():
+        _thin_parameter(model, name, entry)
     return model
+
+
+def _thin_parameter(model: nn.Module, name: str, entry: dict[str, Any]) -> None:
+    """Slice a per-channel parameter (a layer scale) the recipe records by its full name."""
+    owner_name, _, attr = name.rpartition(".")
+    try:
+        owner = model.get_submodule(owner_name)
+    except AttributeError:
+        owner = None
+    tensor = getattr(owner, attr, None)
+    dim, size = int(entry["dim"]), int(entry["size"])
+    if not isinstance(tensor, Tensor) or tensor.dim() <= dim or tensor.shape[dim] != size:
+        raise CheckpointError(f"thinning recipe names the parameter '{name}' of {size} channels, "
+                              "which this model does not have; rebuild with the checkpoint's "
+                              "arch and attrs")
+    _slice_param(owner, attr, dim, _keep(size, entry.get("removed", ())))
 
 
 def compose_recipes(first: dict[str, Any] | None, second: dict[str, Any]) -> dict[str, Any]:
@@ -164,4 +188,16 @@ def compose_recipes(first: dict[str, Any] | None, second: dict[str, Any]) -> dic
             kept = _keep(base["sizes"][dim], base[key]).tolist()
             base[key] = sorted(set(base[key]) | {kept[i] for i in entry.get(key, ())})
         base["add_bias"] = bool(base.get("add_bias")) or bool(entry.get("add_bias"))
-    return {"version": RECIPE_VERSION, "modules": merged}
+    parameters = {name: {**entry, "removed": list(entry.get("removed", ()))}
+                  for name, entry in first.get("parameters", {}).items()}
+    for name, entry in second.get("parameters", {}).items():
+        base = parameters.get(name)
+        if base is None:
+            parameters[name] = entry
+            continue
+        kept = _keep(base["size"], base["removed"]).tolist()
+        base["removed"] = sorted(set(base["removed"]) | {kept[i] for i in entry["removed"]})
+    recipe: dict[str, Any] = {"version": RECIPE_VERSION, "modules": merged}
+    if parameters:
+        recipe["parameters"] = parameters
+    return recipe

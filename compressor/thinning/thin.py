@@ -108,10 +108,16 @@ class _Plan:
     def __init__(self) -> None:
         self.removed: dict[nn.Module, dict[str, set[int]]] = {}
         self.folds: list[tuple[nn.Module, list[int], list[float]]] = []
+        # per-channel parameters no layer owns (layer scale): parameter -> (dim, indices)
+        self.parameters: dict[nn.Parameter, tuple[int, set[int]]] = {}
 
     def remove(self, module: nn.Module, key: str, idxs: Iterable[int]) -> None:
         entry = self.removed.setdefault(module, {"out": set(), "in": set()})
         entry[key].update(int(i) for i in idxs)
+
+    def remove_channels(self, param: nn.Parameter, dim: int, idxs: Iterable[int]) -> None:
+        _, removed = self.parameters.setdefault(param, (dim, set()))
+        removed.update(int(i) for i in idxs)
 
 
 def _refuse_grouped(items: list[tuple[nn.Module, bool, list[int], list[int]]],
@@ -174,12 +180,27 @@ def _even_out(items: list[tuple[nn.Module, bool, list[int], list[int]]], dead: s
     return dead
 
 
+def _parameter_dims(graph: Any) -> dict[nn.Parameter, int]:
+    """The per-channel parameters no layer owns (a layer scale's gamma) that the graph
+    follows, with the dimension their channels are on."""
+    return {unwrapped.parameters: int(unwrapped.pruning_dim)
+            for unwrapped in getattr(graph, "unwrapped_parameters", ()) or ()}
+
+
 def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact: bool,
                 plan: _Plan, names: dict[nn.Module, str]) -> int:
     """Add one dependency group's dead channels to the plan; returns how many were removed."""
     items = []
+    scales: list[tuple[nn.Parameter, int, list[int], list[int]]] = []
+    dims = _parameter_dims(graph)
     for dep, idxs in group:
         module = dep.target.module
+        if isinstance(module, nn.Parameter):
+            dim = dims.get(module)
+            if dim is None or max(idxs, default=-1) >= module.shape[dim]:
+                return 0  # a parameter whose channels we cannot place: leave the group
+            scales.append((module, dim, list(idxs), list(_root_idxs(group, dep))))
+            continue
         if not isinstance(module, nn.Module) or type(module).__module__.startswith(
                 "torch_pruning"):
             if type(module).__name__ == "_OutputOp":
@@ -235,6 +256,8 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
             plan.remove(module, "out", chosen)
         else:
             plan.remove(module, "out" if is_out else "in", chosen)
+    for param, dim, idxs, rs in scales:
+        plan.remove_channels(param, dim, [i for i, r in zip(idxs, rs, strict=True) if r in dead])
     for module, by_idx in folds.items():
         chosen = [i for i, r in zip(*_consumer_idxs(consumers, module), strict=True)
                   if r in dead and i in by_idx]
@@ -323,7 +346,15 @@ def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
         recipe_modules[names[module]] = {"type": type(module).__name__,
                                          "sizes": module_sizes(module), "out": [], "in": [],
                                          "add_bias": True}
-    return {"version": RECIPE_VERSION, "modules": recipe_modules}, removed
+    recipe: dict[str, Any] = {"version": RECIPE_VERSION, "modules": recipe_modules}
+    parameter_names = {param: name for name, param in model.named_parameters()}
+    recipe_parameters = {
+        parameter_names[param]: {"dim": dim, "size": int(param.shape[dim]),
+                                 "removed": sorted(idxs)}
+        for param, (dim, idxs) in plan.parameters.items() if idxs and param in parameter_names}
+    if recipe_parameters:
+        recipe["parameters"] = recipe_parameters
+    return recipe, removed
 
 
 def _probe_batch(model: nn.Module) -> Tensor:
