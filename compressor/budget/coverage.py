@@ -10,10 +10,11 @@ its DependencyGraph's groups (`get_all_groups`); ours counts the channels of the
 rooted at the leader of every group that `prunable_groups` keeps (groups thinning removes
 exactly: the thinned model computes what the masked one did). `Coverage.gaps` says, per
 reason, how many of Torch-Pruning's channels are not ours: a LayerNorm over the channels (its
-statistics change when a channel goes, where Torch-Pruning prunes it anyway), a layer
-thinning cannot slice, a zero-padded shortcut, a grouped convolution sharing only part of them
-(one with more filters than inputs, as FastViT's downsampling), or channels that the probe shows are not removed exactly (a norm making a pruned
-channel a constant before a zero-padded convolution, a fixed slice).
+statistics change when a channel goes, where Torch-Pruning prunes it anyway), a layer thinning
+cannot slice, a zero-padded shortcut, a grouped convolution sharing only part of them (one with
+more filters than inputs, as FastViT's downsampling), or channels that the probe shows are not
+removed exactly (a norm making a pruned channel a constant before a zero-padded convolution, a
+fixed slice).
 """
 
 from __future__ import annotations
