@@ -15,7 +15,7 @@ PEERS = ["nncf==3.4.0", "openvino==2026.4.1"]
 
 setup(
     name="compressor",
-    version="0.1.0",
+    version="0.2.0",
     description="Model compression for PyTorch image classifiers (Distiller-compatible CLI)",
     python_requires=">=3.11",
     packages=find_packages(include=["compressor", "compressor.*"]),

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
         thin,
     )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["compression_scheduler", "CompressionScheduler", "thin", "quantize_int8",
            "compress_to_budget", "BudgetResult", "DistillationLoss", "export_onnx",

@@ -53,7 +53,6 @@ from compressor.quantization.core.settings import (
     with_layer_overrides,
 )
 from compressor.quantization.int8.convert import INT8_BACKENDS, check_convertible, convert_to_int8
-from compressor.quantization.moved import install_moved_finder
 from compressor.quantization.qat.build import QAT_CLASSES, build_qat_quantizer, qat_from_recipe
 from compressor.quantization.qat.methods import DorefaQuantizer, PACTQuantizer, WRPNQuantizer
 from compressor.quantization.qat.quantizer import (
@@ -110,5 +109,3 @@ __all__ = [
     "WRPNQuantizer", "QAT_CLASSES", "build_qat_quantizer", "qat_from_recipe", "is_qat_prepared",
     "qat_to_float", "quantizer_parameter_names",
 ]
-
-install_moved_finder()

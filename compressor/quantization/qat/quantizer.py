@@ -10,7 +10,7 @@ through in float). Flags are applied with `torch.where`, so a step needs no host
 
 `QuantAwareTrainRangeLinearQuantizer` tracks activation ranges with Distiller's bias-corrected
 exponential moving average (Jacob et al., arXiv:1712.05877) in training and uses the tracked
-range in eval; the other methods are in `qat_methods.py`.
+range in eval; the other methods are in `methods.py`.
 """
 
 from __future__ import annotations
