@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +22,7 @@ from compressor.utils.dataset_table import DATASET_SPECS
 from compressor.utils.errors import CheckpointError, UsageError
 from tests.conftest import run_cli
 
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 MODEL_CODE = '''
 import torch
 from torch import nn
@@ -105,6 +108,73 @@ def test_the_cli_evaluates_a_thinned_then_int8_model_saved_by_the_api(own_code: 
     assert isinstance(loaded, Int8Model)
     with torch.no_grad():
         assert torch.equal(loaded(x), int8(x))
+
+
+DIGIT_NAMES = [f"digit {k}" for k in range(10)]
+
+
+def test_class_names_travel_with_the_model_through_every_api_step(own_code: dict,
+                                                                  one_thread: None) -> None:
+    """Named once, at the first save: load_model, thin, quantize_int8 and the next
+    save_checkpoint keep them; the command line's evaluation and an ONNX export carry them."""
+    model, test = own_code["model"], own_code["test"]
+    x = next(iter(test))[0][:4]
+    cz.save_checkpoint(model, "dense.pth.tar", arch="my_model.py:Net", dataset="digits",
+                       class_names=DIGIT_NAMES, example_inputs=x)
+    loaded = cz.load_model("dense.pth.tar", arch="my_model.py:Net")
+    assert description_of(loaded).class_names == tuple(DIGIT_NAMES)
+    cz.thin(loaded, x)
+    calibration = [batch for _, batch in zip(range(2), DataLoader(own_code["train"],
+                                                                  batch_size=64), strict=False)]
+    int8 = cz.quantize_int8(loaded, calibration)
+    path = cz.save_checkpoint(int8, "int8.pth.tar", arch="my_model.py:Net")
+    saved = torch.load(path, weights_only=True)
+    assert saved["class_names"] == DIGIT_NAMES and saved["args"]["class_names"] == DIGIT_NAMES
+    assert description_of(cz.load_model(path, arch="my_model.py:Net")).class_names == tuple(
+        DIGIT_NAMES)
+    pytest.importorskip("onnxruntime", reason="the ONNX export needs the [onnx] extra")
+    import onnx
+
+    record = cz.export_onnx(loaded, "model.onnx", x)
+    assert record["class_names"] == DIGIT_NAMES
+    props = {p.key: p.value for p in onnx.load("model.onnx").metadata_props}
+    assert json.loads(props["class_names"]) == DIGIT_NAMES
+    assert json.loads(props["input_spec"])["mean"] == [0.3054]
+    # the command line's export reads them from the checkpoint alone
+    result = run_cli("-a", "my_model.py:Net", "--resume-from", str(path), "--export-onnx",
+                     "cli.onnx", "-o", "logs", "-n", "named", cwd=own_code["dir"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    exported = json.loads((own_code["dir"] / "logs" / "named" / "export.json").read_text())
+    assert exported["class_names"] == DIGIT_NAMES
+    _predict_onnx_agrees(own_code["dir"], loaded)
+
+
+def _predict_onnx_agrees(directory: Path, model: nn.Module) -> None:
+    """examples/predict_onnx.py, ONNX Runtime alone, names the class the model predicts for
+    PNG files preprocessed as the command line does (folder images at the model's size)."""
+    from PIL import Image
+
+    from compressor.data.transforms import build_transforms
+
+    spec = description_of(model).input_spec
+    model.eval()
+    transform = build_transforms(spec, "folder", train=False)
+    generator = torch.Generator().manual_seed(0)
+    expected, paths = [], []
+    for k in range(4):
+        pixels = torch.randint(0, 256, (8, 8), generator=generator, dtype=torch.uint8)
+        image = Image.fromarray(pixels.numpy(), mode="L")
+        paths.append(directory / f"image{k}.png")
+        image.save(paths[-1])
+        with torch.no_grad():
+            logits = model(transform(Image.open(paths[-1]))[None])
+        expected.append(DIGIT_NAMES[int(logits.argmax())])
+    result = subprocess.run([sys.executable, str(EXAMPLES / "predict_onnx.py"),
+                             str(directory / "model.onnx"), *map(str, paths)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    predicted = [line.split(": ", 1)[1].rsplit(" ", 1)[0] for line in result.stdout.splitlines()]
+    assert predicted == expected
 
 
 def test_a_torchvision_model_round_trips_with_its_registered_arch(tmp_path: Path,

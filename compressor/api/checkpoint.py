@@ -130,7 +130,8 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, arch: str
         dataset: what the command line evaluates it on: 'folder' (an ImageFolder-style
             DATASET_DIR, the default for one's own model), 'digits', 'cifar10', 'imagenet' ...
         class_names: the classes in label order (e.g. ImageFolder's `.classes`), stored with the
-            model as the command line stores a folder's.
+            model as the command line stores a folder's (by default the model's own, kept
+            from load_model through thin and quantize_int8).
         input_spec: the preprocessing the command line applies, as a dict of some of
             input_size, resize_size, crop_size, mean, std, interpolation (by default the
             dataset's at the model's input size, else ImageNet's mean and std).
@@ -151,11 +152,12 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, arch: str
     spec = get_arch_spec(arch)
     dataset = dataset if dataset is not None else description.dataset
     dataset_spec(dataset)  # an unknown name is refused, listing the known ones
-    names = _class_names(class_names, description.num_classes)
+    names = _class_names(class_names, description.num_classes) or list(
+        description.class_names)
     attrs = description.builder_attrs if arch == description.arch else {}
     wanted = ModelDescription(arch, dataset, description.num_classes,
                               _input_spec(input_spec, description, dataset), attrs,
-                              description.transforms)
+                              description.transforms, tuple(names))
     try:
         final = description_of(_rebuilt(wanted, model))
     except CompressorError as exc:
@@ -163,8 +165,9 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, arch: str
                               f"one's weights and recipes ({exc}); name the code that built it "
                               "(e.g. 'torchvision.models:resnet18' for torchvision's own)"
                               ) from None
+    final = final.with_class_names(names)
     describe(model, final)
-    record: dict[str, Any] = {**final.to_dict(), "class_names": names}
+    record: dict[str, Any] = final.to_dict()
     if spec.source:
         record["arch_source"] = dict(spec.source)
     target = Path(path)

@@ -7,7 +7,7 @@ from pathlib import Path
 from torch import nn
 
 from compressor.assembly.recipes import apply_recipes
-from compressor.models.description import ModelDescription
+from compressor.models.description import ModelDescription, describe, description_of
 from compressor.models.factory import create_model, get_arch_spec
 from compressor.models.pretrained import PretrainedSource, load_pretrained_weights
 
@@ -20,11 +20,15 @@ def build_model(description: ModelDescription, *, pretrained: bool = False,
     """create_model with the builder attrs (and pretrained weights: the arch's own or
     `weights_file`, all but `source.new_layers`), then the transforms in order.
 
-    Returns a model whose description equals `description` (builder attributes resolved).
+    Returns a model whose description equals `description` (builder attributes resolved, the
+    class names kept).
     """
     model = create_model(description.arch, description.dataset,
                          num_classes=description.num_classes, input_spec=description.input_spec,
                          model_attrs=description.builder_attrs, pretrained=pretrained)
     if pretrained:
         load_pretrained_weights(model, get_arch_spec(description.arch), source, weights_file)
-    return apply_recipes(model, description.transforms)
+    model = apply_recipes(model, description.transforms)
+    if description.class_names:
+        describe(model, description_of(model).with_class_names(description.class_names))
+    return model

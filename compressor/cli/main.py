@@ -40,6 +40,7 @@ from compressor.commands.common import (
     evaluation_fn,
     load_run_data,
     model_facts,
+    name_classes,
     run_record,
 )
 from compressor.commands.evaluate import confusion_results, evaluate_model
@@ -190,6 +191,7 @@ def run(args: argparse.Namespace) -> int:
                           output_dir=args.output_dir, name=args.name,
                           arguments=args_record(args), started=started)
     data = load_run_data(setup, data_config(args, training), training)
+    name_classes(model, data.class_names)
     calibration = None if training else _calibration(args, setup, model, data)
     recalibration = None if training else _recalibration(args, setup, ctx, data)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None

@@ -28,7 +28,13 @@ from compressor.budget.groups import ChannelGroup
 from compressor.budget.measure import LatencySetting, search_measures
 from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
 from compressor.budget.search import STATE_VERSION, Budget, BudgetSearch
-from compressor.commands.common import evaluation_fn, load_run_data, model_facts, run_record
+from compressor.commands.common import (
+    evaluation_fn,
+    load_run_data,
+    model_facts,
+    name_classes,
+    run_record,
+)
 from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import DatasetSplits
 from compressor.models.inference import inference_copy
@@ -303,6 +309,7 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
     check_resume_epochs(config, setup)
     data = load_run_data(setup, run.data, training=True)
     assert isinstance(data, DatasetSplits)
+    name_classes(model, data.class_names)
     if data.val is None:
         raise UsageError("a budget run searches on the validation split and there is none; "
                          "pass --vs 0.1 (or another fraction above 0)")

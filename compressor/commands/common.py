@@ -3,7 +3,7 @@ results.json carries, and the resolved-arguments record."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +19,7 @@ from compressor.data import (
     load_datasets,
     load_test_dataset,
 )
-from compressor.models.description import description_of
+from compressor.models.description import describe, description_of
 from compressor.reports.metrics import model_metrics
 from compressor.training.dataloaders import eval_loader
 from compressor.training.loop import evaluate
@@ -27,8 +27,8 @@ from compressor.utils.config import DataConfig, LoaderConfig
 from compressor.utils.distributed import DistContext, all_reduce_sum
 from compressor.utils.errors import DataError
 
-__all__ = ["EvaluateFn", "load_run_data", "device_of", "evaluation_fn", "model_facts",
-           "run_record", "calibration_source"]
+__all__ = ["EvaluateFn", "load_run_data", "name_classes", "device_of", "evaluation_fn",
+           "model_facts", "run_record", "calibration_source"]
 
 EvaluateFn = Callable[[nn.Module], dict[str, float]]
 
@@ -39,11 +39,10 @@ def _labels(setup: RunSetup) -> dict[str, Any]:
     recorded = checkpoint.get("args")
     pretrained = setup.model.pretrained or bool(
         isinstance(recorded, dict) and recorded.get("pretrained"))
-    names = recorded.get("class_names") if isinstance(recorded, dict) else None
+    # the checkpoint's classes (its description reads them), unless the dataset changed
+    names = list(setup.description.class_names)
     return {"seed": setup.seed, "num_classes": setup.description.num_classes,
-            "pretrained": pretrained,
-            "class_names": [str(n) for n in names] if isinstance(names, list) and names
-            else None}
+            "pretrained": pretrained, "class_names": names or None}
 
 
 def load_run_data(setup: RunSetup, config: DataConfig, training: bool
@@ -89,11 +88,20 @@ def model_facts(model: nn.Module, run_dir: Path) -> dict[str, Any]:
             **model_metrics(model, run_dir / "checkpoint.pth.tar")}
 
 
+def name_classes(model: nn.Module, class_names: Sequence[str]) -> None:
+    """Give `model`'s description the run's class names (a folder's, a dataset's), so they go
+    wherever the model goes: checkpoints, thinning, int8, export."""
+    description = description_of(model)
+    named = description.with_class_names(list(class_names))
+    if named != description:
+        describe(model, named)
+
+
 def run_record(arguments: Mapping[str, Any], setup: RunSetup,
                class_names: tuple[str, ...]) -> dict[str, Any]:
     """The resolved arguments: args.yaml, and the checkpoint's `args`."""
     record = {**arguments, **setup.description.to_dict(), "seed": setup.seed,
-              "class_names": list(class_names)}
+              "class_names": list(class_names) or list(setup.description.class_names)}
     if setup.model.pretrained_source is not None:
         record["pretrained_source"] = setup.model.pretrained_source.to_dict()
     elif isinstance((setup.checkpoint or {}).get("args"), Mapping):

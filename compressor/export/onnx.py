@@ -255,7 +255,8 @@ def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Pa
     rewrites = integer_rewrites(proto) if kind == "qdq" else None
     onnx.helper.set_model_props(proto, {
         "arch": arch, "dataset": description.dataset,
-        "input_spec": json.dumps(spec.to_dict(), sort_keys=True)})
+        "input_spec": json.dumps(spec.to_dict(), sort_keys=True),
+        "class_names": json.dumps(list(description.class_names))})
     if proto.ByteSize() > _MAX_PROTO_BYTES:
         raise ExportError(f"the ONNX model of {arch} is over 2 GB, which needs external data "
                           "files that --export-onnx does not write; export a smaller model")
@@ -268,6 +269,7 @@ def export_onnx(model: nn.Module, destination: Path, sample: Tensor, run_dir: Pa
         "file": str(destination), "bytes": len(data),
         "sha256": hashlib.sha256(data).hexdigest(),
         "arch": arch, "dataset": description.dataset, "num_classes": description.num_classes,
+        "class_names": list(description.class_names),
         "transforms": [step.name for step in description.transforms],
         "kind": kind, "opset": OPSET, "exporter": "torch.onnx.export(dynamo=True)",
         "input": _io_entry(proto.graph.input[0]), "output": _io_entry(proto.graph.output[0]),

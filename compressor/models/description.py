@@ -1,7 +1,8 @@
 """ModelDescription: a model's identity (arch, dataset, classes, input spec, attributes, recipes).
 
 One frozen dataclass, attached once to the module it describes (`describe`), read back with
-`description_of`. Checkpoints, args.yaml and results.json all read this one record:
+`description_of`; it carries the class names too, so they go wherever the model goes (thinned,
+quantized, saved, exported). Checkpoints, args.yaml and results.json all read this one record:
 
     model_attrs = {**builder_attrs, "transforms": [{"name": "memory_efficient",
                                                     "recipe": "recompute"}, ...]}
@@ -24,8 +25,8 @@ from torch import nn
 from compressor.utils.errors import CheckpointError
 from compressor.utils.input_spec import InputSpec
 
-__all__ = ["ModelDescription", "TransformStep", "describe", "described", "description_of",
-           "unwrap_model", "attach_stored_form", "stored_form", "TRANSFORMS_KEY"]
+__all__ = ["ModelDescription", "TransformStep", "class_names_of", "describe", "described",
+           "description_of", "unwrap_model", "attach_stored_form", "stored_form", "TRANSFORMS_KEY"]
 
 TRANSFORMS_KEY = "transforms"
 _ATTRIBUTE = "description"
@@ -56,6 +57,8 @@ class ModelDescription:
     input_spec: InputSpec
     builder_attrs: Mapping[str, Any] = field(default_factory=dict)
     transforms: tuple[TransformStep, ...] = ()
+    # the classes in label order, where known (a folder's, a dataset's); () when not
+    class_names: tuple[str, ...] = ()
 
     def model_attrs(self) -> dict[str, Any]:
         """The checkpoint's `model_attrs`: builder attributes and the ordered transform recipes."""
@@ -67,7 +70,14 @@ class ModelDescription:
     def to_dict(self) -> dict[str, Any]:
         """Plain values for args.yaml and results.json."""
         return {"arch": self.arch, "dataset": self.dataset, "num_classes": self.num_classes,
-                "input_spec": self.input_spec.to_dict(), "model_attrs": self.model_attrs()}
+                "input_spec": self.input_spec.to_dict(), "model_attrs": self.model_attrs(),
+                "class_names": list(self.class_names)}
+
+    def with_class_names(self, names: Any) -> ModelDescription:
+        """This description with `names` as its classes when they are one string per output
+        (anything else leaves it as it is)."""
+        return dataclasses.replace(self, class_names=class_names_of(names, self.num_classes)
+                                   or self.class_names)
 
     def recipe(self, name: str) -> Any | None:
         """The recipe of transform `name`, or None when it was not applied."""
@@ -116,11 +126,24 @@ class ModelDescription:
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Mapping[str, Any]) -> ModelDescription:
-        """The description a compressor checkpoint records."""
-        return cls.from_model_attrs(str(checkpoint["arch"]), str(checkpoint["dataset"]),
-                                    int(checkpoint["num_classes"]),
-                                    InputSpec.from_dict(checkpoint["input_spec"]),
-                                    checkpoint["model_attrs"])
+        """The description a compressor checkpoint records (class names from its own key, or
+        from its run's arguments in checkpoints written before it had one)."""
+        found = cls.from_model_attrs(str(checkpoint["arch"]), str(checkpoint["dataset"]),
+                                     int(checkpoint["num_classes"]),
+                                     InputSpec.from_dict(checkpoint["input_spec"]),
+                                     checkpoint["model_attrs"])
+        recorded = checkpoint.get("args")
+        names = checkpoint.get("class_names") or (
+            recorded.get("class_names") if isinstance(recorded, Mapping) else None)
+        return found.with_class_names(names)
+
+
+def class_names_of(names: Any, num_classes: int) -> tuple[str, ...]:
+    """`names` as a tuple when it is one string per class, else ()."""
+    if (isinstance(names, (list, tuple)) and len(names) == num_classes
+            and all(isinstance(name, str) for name in names)):
+        return tuple(names)
+    return ()
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
