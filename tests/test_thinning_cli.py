@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from compressor.models import ModelDescription
 from compressor.training.checkpoint import load_checkpoint
@@ -65,6 +66,12 @@ def test_thinnify_then_evaluate_from_checkpoint_alone(pruned: Path):
     assert result.returncode == 0, result.stderr[-3000:]
     evaluated = _results(pruned / "eval")
     assert evaluated["params"] == thin["params"]
+    # args.yaml holds the arguments: the recipe (every removed index) stays in the checkpoint
+    args_yaml = (pruned / "eval" / "args.yaml").read_text()
+    assert len(args_yaml) < 4096 and "add_bias" not in args_yaml
+    steps = yaml.safe_load(args_yaml)["model_attrs"]["transforms"]
+    assert steps == [{"name": "thinning", "recipe": steps[0]["recipe"]}]
+    assert "in the checkpoint" in steps[0]["recipe"]
     assert evaluated["top1"] == pytest.approx(thin["top1"], abs=1e-6)
 
     # fine-tuning the thin model continues from the thinned checkpoint's epoch

@@ -167,7 +167,7 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, arch: str
                               ) from None
     final = final.with_class_names(names)
     describe(model, final)
-    record: dict[str, Any] = final.to_dict()
+    record: dict[str, Any] = final.to_record()
     if spec.source:
         record["arch_source"] = dict(spec.source)
     target = Path(path)

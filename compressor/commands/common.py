@@ -100,7 +100,7 @@ def name_classes(model: nn.Module, class_names: Sequence[str]) -> None:
 def run_record(arguments: Mapping[str, Any], setup: RunSetup,
                class_names: tuple[str, ...]) -> dict[str, Any]:
     """The resolved arguments: args.yaml, and the checkpoint's `args`."""
-    record = {**arguments, **setup.description.to_dict(), "seed": setup.seed,
+    record = {**arguments, **setup.description.to_record(), "seed": setup.seed,
               "class_names": list(class_names) or list(setup.description.class_names)}
     if setup.model.pretrained_source is not None:
         record["pretrained_source"] = setup.model.pretrained_source.to_dict()

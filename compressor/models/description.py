@@ -16,6 +16,7 @@ stores (`attach_stored_form` / `stored_form`).
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,6 +30,8 @@ __all__ = ["ModelDescription", "TransformStep", "class_names_of", "describe", "d
            "description_of", "unwrap_model", "attach_stored_form", "stored_form", "TRANSFORMS_KEY"]
 
 TRANSFORMS_KEY = "transforms"
+# a recipe larger than this (as JSON) is left out of a run's record (args.yaml)
+RECORDED_RECIPE_BYTES = 1024
 _ATTRIBUTE = "description"
 _STORED_FORM = "_compressor_stored_form"  # a converted model's source (what is saved)
 # Before format version 2, checkpoints stored the framework transforms as flat keys, in this order.
@@ -72,6 +75,16 @@ class ModelDescription:
         return {"arch": self.arch, "dataset": self.dataset, "num_classes": self.num_classes,
                 "input_spec": self.input_spec.to_dict(), "model_attrs": self.model_attrs(),
                 "class_names": list(self.class_names)}
+
+    def to_record(self) -> dict[str, Any]:
+        """to_dict for args.yaml and a checkpoint's `args`: a transform whose recipe is large
+        (a thinning recipe lists every removed channel) is named with its size, its recipe
+        left to the checkpoint's own model_attrs, so the record stays a few KB."""
+        record = self.to_dict()
+        steps = record["model_attrs"].get(TRANSFORMS_KEY)
+        if steps:
+            record["model_attrs"][TRANSFORMS_KEY] = [_summary(step) for step in steps]
+        return record
 
     def with_class_names(self, names: Any) -> ModelDescription:
         """This description with `names` as its classes when they are one string per output
@@ -136,6 +149,15 @@ class ModelDescription:
         names = checkpoint.get("class_names") or (
             recorded.get("class_names") if isinstance(recorded, Mapping) else None)
         return found.with_class_names(names)
+
+
+def _summary(step: dict[str, Any]) -> dict[str, Any]:
+    """A transform step as a run's record gives it: its recipe when small, else its size."""
+    size = len(json.dumps(step["recipe"], default=str))
+    if size <= RECORDED_RECIPE_BYTES:
+        return step
+    return {"name": step["name"],
+            "recipe": f"in the checkpoint's model_attrs ({size / 1024:.0f} KB)"}
 
 
 def class_names_of(names: Any, num_classes: int) -> tuple[str, ...]:
