@@ -198,7 +198,7 @@ def preload() -> None:
     import torch
     import torchvision  # noqa: F401  (torchvision.ops pulls in torch._dynamo: the slow part)
 
-    import compressor.cli.main  # noqa: F401  (everything compress_classifier.py imports)
+    import compressor.cli.runner  # noqa: F401  (everything compress_classifier.py imports)
 
     torch.set_num_threads(1)  # as OMP_NUM_THREADS=1 from the tests' cli_env
     preload_optional()

@@ -22,7 +22,6 @@ from compressor.assembly.recipes import record_transform
 from compressor.models.description import describe, description_of
 from compressor.quantization import (
     INT8_BACKENDS,
-    ClipMode,
     PostTrainLinearQuantizer,
     QuantizationError,
     QuantSettings,
@@ -41,15 +40,15 @@ from compressor.quantization.recipe import QUANTIZATION, int8_model, quantizatio
 from compressor.quantization.simulated.graph import explicit_graph
 from compressor.utils.config import QuantizeConfig
 from compressor.utils.errors import UsageError
+from compressor.utils.vocabulary import CLIP_MODE_NAMES, QUANT_MODE_NAMES
 
 __all__ = ["quantize_int8", "MODE_NAMES", "CLIP_MODES", "settings_from_config",
            "kernel_settings", "quantization_graph", "post_train", "convert_int8"]
 
 LOG = logging.getLogger("compressor")
 # --qe-mode's names -> Distiller's LinearQuantMode names
-MODE_NAMES = {"sym": "SYMMETRIC", "sym_restr": "SYMMETRIC_RESTRICTED",
-              "asym_u": "ASYMMETRIC_UNSIGNED", "asym_s": "ASYMMETRIC_SIGNED"}
-CLIP_MODES = tuple(mode.name.lower() for mode in ClipMode)  # --qe-clip-acts's names
+MODE_NAMES = QUANT_MODE_NAMES
+CLIP_MODES = CLIP_MODE_NAMES  # --qe-clip-acts's names (ClipMode's members, lower case)
 CALIBRATION_SOURCE = "the calibration loader's first batch"
 
 

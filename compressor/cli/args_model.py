@@ -13,7 +13,7 @@ from compressor.cli.domains import (
     real,
     reals,
 )
-from compressor.memory import AUTO, MEMORY_VARIANTS
+from compressor.utils.vocabulary import AUTO, MEMORY_VARIANTS
 
 __all__ = ["add_model_args", "add_memory_args"]
 

@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import argparse
 
-from compressor.api.quantize import CLIP_MODES, MODE_NAMES
 from compressor.cli.args_data import FRACTION
 from compressor.cli.domains import integer, path, real
-from compressor.quantization import INT8_BACKENDS
+from compressor.utils.vocabulary import CLIP_MODE_NAMES, INT8_BACKENDS, QUANT_MODE_NAMES
 
 __all__ = ["add_quantization_args", "QE_MODES", "QE_CLIP_MODES", "QE_BACKENDS",
            "CALIBRATION_SPLITS"]
 
 # the names quantize_int8 and the commands read the flags with (one list each)
-QE_MODES = tuple(MODE_NAMES)
-QE_CLIP_MODES = CLIP_MODES
+QE_MODES = tuple(QUANT_MODE_NAMES)
+QE_CLIP_MODES = CLIP_MODE_NAMES
 QE_BACKENDS = INT8_BACKENDS
 CALIBRATION_SPLITS = ("train", "test")
 MAX_QUANT_BITS = 16

@@ -6,12 +6,12 @@ from __future__ import annotations
 import argparse
 
 from compressor.cli.domains import INT_MAX, gpu_list, integer, path, real
-from compressor.utils.precision import AMP_DTYPES
+from compressor.utils.vocabulary import AMP_NAMES
 
 __all__ = ["add_training_args", "add_run_args"]
 
 SEED_MAX = 2**63 - 1  # torch.manual_seed takes a 64-bit seed
-AMP_CHOICES = tuple(AMP_DTYPES)  # --amp's values
+AMP_CHOICES = AMP_NAMES  # --amp's values
 
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:

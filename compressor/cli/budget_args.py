@@ -4,10 +4,13 @@ latency or saved size in one run (and Distiller's --greedy spelling of a MACs bu
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from compressor.cli.domains import integer, real
-from compressor.utils.config import BudgetConfig
 from compressor.utils.errors import UsageError
+
+if TYPE_CHECKING:
+    from compressor.utils.config import BudgetConfig
 
 __all__ = ["add_budget_args", "check_budget", "budget_requested", "budget_config",
            "budget_only_flags", "TARGETS", "QUANTITIES"]
@@ -130,6 +133,8 @@ def check_budget(args: argparse.Namespace, non_training_mode: str | None) -> Non
 
 def budget_config(args: argparse.Namespace) -> BudgetConfig:
     """The budget flags as a typed config."""
+    from compressor.utils.config import BudgetConfig  # torch: not for parsing alone
+
     targets = {q: getattr(args, f"target_{q}") for _, q in TARGETS
                if getattr(args, f"target_{q}") is not None}
     max_drop = args.max_drop

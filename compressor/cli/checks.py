@@ -7,8 +7,8 @@ import argparse
 
 from compressor.cli.args_distillation import KD_LOSS_DEFAULTS
 from compressor.cli.budget_args import budget_requested, check_budget
-from compressor.memory import AUTO
 from compressor.utils.errors import UsageError
+from compressor.utils.vocabulary import AUTO
 
 __all__ = ["check_args", "quantization_requested"]
 

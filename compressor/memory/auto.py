@@ -35,11 +35,12 @@ from compressor.training.losses import get_loss
 from compressor.utils.config import OptimizerConfig, make_optimizer
 from compressor.utils.distributed import broadcast_object, rank
 from compressor.utils.errors import UsageError
+from compressor.utils.vocabulary import AUTO
 
 __all__ = ["AUTO", "MeasuredVariant", "MemoryChoice", "memory_candidates", "measure_variant",
            "measure_candidates", "choose_memory_variant", "fit_memory_budget", "variant_label"]
 
-AUTO = "auto"
+# AUTO ("auto"): compressor.utils.vocabulary
 GIB = 2 ** 30
 # One step's time is noisy (a shared machine, caches): a candidate that changes the model
 # more must be faster than this factor to win over a simpler one that fits.

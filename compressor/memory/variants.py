@@ -10,6 +10,7 @@ from compressor.memory.dense import has_dense_blocks, make_densenet_efficient
 from compressor.models.layers.checkpointing import enable_checkpointing
 from compressor.models.layers.inplace_abn import convert_to_inplace_abn
 from compressor.utils.errors import UsageError
+from compressor.utils.vocabulary import MEMORY_VARIANTS
 
 if TYPE_CHECKING:
     from compressor.models.registry import ArchSpec
@@ -19,7 +20,7 @@ __all__ = ["MEMORY_VARIANTS", "apply_memory_variant", "supported_variants"]
 # "recompute": activation checkpointing of the registry's checkpoint_blocks (for DenseNets,
 # the efficient DenseNet, which keeps only the convolutions' outputs); "inplace-abn": BN +
 # activation fused in place.
-MEMORY_VARIANTS = ("recompute", "inplace-abn")
+# MEMORY_VARIANTS ("recompute", "inplace-abn"): compressor.utils.vocabulary
 
 
 def supported_variants(model: nn.Module, arch_spec: ArchSpec) -> tuple[str, ...]:

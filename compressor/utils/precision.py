@@ -11,10 +11,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compressor.utils.vocabulary import AMP_NAMES
+
 __all__ = ["AMP_DTYPES", "Precision"]
 
 # --amp's names -> the dtype autocast computes in
-AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AMP_DTYPES = dict(zip(AMP_NAMES, (torch.bfloat16, torch.float16), strict=True))
 
 
 @dataclass(frozen=True)

@@ -60,14 +60,13 @@ from compressor.quantization.simulated.wrappers import (
     TensorQuant,
     input_padding,
 )
+from compressor.utils.vocabulary import AUTO, INT8_BACKENDS, TORCH_ENGINES
 
 __all__ = ["INT8_BACKENDS", "AUTO", "ACTIVATION_BITS", "Grid", "activation_grid",
            "weight_integers", "check_convertible", "convert_to_int8", "Int8Model",
            "kernels_saturate", "resolve_backend"]
 
-AUTO = "auto"  # oneDNN where it can compute the model, else x86
-TORCH_ENGINES = ("x86", "fbgemm", "qnnpack")  # torch.ao's quantized engines
-INT8_BACKENDS = (AUTO, ONEDNN, *TORCH_ENGINES)
+# AUTO: oneDNN where it can compute the model, else x86 (the names: compressor.utils.vocabulary)
 _CONV = {nn.Conv1d: (nnq.Conv1d, nniq.ConvReLU1d), nn.Conv2d: (nnq.Conv2d, nniq.ConvReLU2d),
          nn.Conv3d: (nnq.Conv3d, nniq.ConvReLU3d)}
 

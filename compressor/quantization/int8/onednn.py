@@ -23,12 +23,12 @@ import torch.fx
 from torch import Tensor, nn
 
 from compressor.quantization.simulated.wrappers import ParamLayerWrapper
+from compressor.utils.vocabulary import ONEDNN
 
 __all__ = ["ONEDNN", "onednn_available", "onednn_problem", "OnednnLayer", "OnednnPointwise",
            "dequantize_uint8", "quantize_uint8", "eltwise_uint8",
            "relu_uint8", "onednn_saturates", "supported_post_op"]
 
-ONEDNN = "onednn"
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 _PACKED_SHAPES = 4  # input shapes a layer keeps packed weights for (batch sizes, mostly)
 
