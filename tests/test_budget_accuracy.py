@@ -45,6 +45,21 @@ def test_the_floor_holds_for_the_float_and_the_int8_model() -> None:
     assert "val top-1 drop, int8 (pts)" in table and "test top-1, int8, epoch 3 (%)" in table
 
 
+def test_the_table_names_fractions_as_fractions_and_figures_with_units() -> None:
+    """A latency row's target and achieved are fractions of dense, its figures milliseconds;
+    sizes are bytes (not "latency (s)" above a column of ratios)."""
+    state = {**_state(), "targets": {"latency": 0.5, "size": 0.5},
+             "dense_figures": {"latency": 0.004, "size": 2000.0}}
+    scores = {"val_top1": 89.0, "test_top1": 88.0, "model_epoch": 1, "num_classes": 10}
+    report = budget_report(state, nn.Linear(2, 2), {"latency": 0.0018, "size": 900.0}, scores,
+                           "a", "d", {})
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in budget_table(report).splitlines()[2:]}
+    assert rows["latency"] == ["0.500", "0.450", "4.000 ms", "1.800 ms", "yes"]
+    assert rows["size"] == ["0.500", "0.450", "2,000 B", "900 B", "yes"]
+    assert "(s)" not in budget_table(report)
+
+
 def test_a_model_at_chance_is_never_met_even_with_every_budget_held() -> None:
     state = {**_state(), "max_drop": None}
     scores = {"val_top1": 12.0, "test_top1": 11.0, "model_epoch": 0, "num_classes": 10}

@@ -4,6 +4,8 @@ budget reported as such, a search resumed from its state, and the schedule it wr
 
 from __future__ import annotations
 
+import logging
+
 import contextlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -227,7 +229,8 @@ def test_a_latency_budget_prices_channels_by_the_time_they_save() -> None:
             assert removed == 0, group.layer  # saves no time on this clock
 
 
-def test_kept_channels_are_rounded_to_multiples_of_8_where_the_budget_still_holds() -> None:
+def test_kept_channels_are_rounded_to_multiples_of_8_where_the_budget_still_holds(
+        caplog: pytest.LogCaptureFixture) -> None:
     """On a (stand-in) clock where a convolution with a multiple of 8 output channels runs at
     half the cost per channel, rounding the kept counts up meets the latency budget with
     fewer channels removed; with MACs, where rounding up cannot hold, the choice stays."""
@@ -245,9 +248,15 @@ def test_kept_channels_are_rounded_to_multiples_of_8_where_the_budget_still_hold
         assert (group.channels - removed) % 8 == 0, group.layer
     bisected = [e for e in search.evaluations.values() if e["phase"] == "search"]
     assert sum(result.removed) < min(sum(e["removed"]) for e in bisected if search._met(e))
+    caplog.clear()
     macs = BudgetSearch(model, inputs[:2], Budget({"macs": 0.5}), _scorer(inputs), _measure)
-    chosen = macs.run()
+    with caplog.at_level(logging.INFO, logger="compressor"):
+        chosen = macs.run()
     assert chosen.met and chosen.ratios["macs"] <= 0.5
+    # a rounded candidate over the target says it was rejected, and why the choice stands
+    lines = [r.getMessage() for r in caplog.records if "(rounded)" in r.getMessage()]
+    assert any(line.endswith("(misses the budget)") for line in lines), lines
+    assert any("the unrounded choice is kept" in line for line in lines), lines
 
 
 def test_a_latency_choice_timed_low_by_chance_is_confirmed_or_pruned_further() -> None:

@@ -63,6 +63,8 @@ PROBES_TIMED_TOGETHER = 8
 # Kept channel counts are rounded up to multiples of this where the budgets still hold
 # (oneDNN's CPU convolutions block channels by 8 (AVX2) or 16 (AVX-512), tensor cores by 8)
 CHANNEL_MULTIPLE = 8
+# phases whose log line says whether the candidate meets the budget
+VERDICT_PHASES = ("search", "rounded", "confirm")
 # Timings vary by a few percent from run to run, and a shared machine's dense-to-thinned ratio
 # drifts over an hour: the search aims this much under a latency target, so the fine-tuned
 # model, timed again later, still meets it (at 3% under, a benchmark's side-by-side timing an
@@ -201,10 +203,15 @@ class BudgetSearch:
                  "figures": {k: float(v) for k, v in figures.items()}}
         self.evaluations[key] = entry
         dense = self.evaluations.get(_key((0,) * len(self.groups)))
-        shown = ", ".join(f"{q} {entry['figures'][q] / dense['figures'][q]:.3f}"
+        shown = ", ".join(f"{q} {entry['figures'][q] / dense['figures'][q]:.3f} of dense"
                           for q in quantities if dense and q in dense["figures"])
-        LOG.info("budget search (%s): %d channels removed, val top1 %.2f loss %.4f%s", phase,
-                 sum(removed), entry["top1"], entry["loss"], f", {shown}" if shown else "")
+        verdict = ""
+        if phase in VERDICT_PHASES and dense is not None and all(
+                q in entry["figures"] for q in self.budget.quantities):
+            verdict = " (meets the budget)" if self._met(entry) else " (misses the budget)"
+        LOG.info("budget search (%s): %d channels removed, val top1 %.2f loss %.4f%s%s", phase,
+                 sum(removed), entry["top1"], entry["loss"], f", {shown}" if shown else "",
+                 verdict)
         self._saved()
         return entry
 
@@ -338,7 +345,11 @@ class BudgetSearch:
         if rounded == list(chosen["removed"]):
             return chosen
         entry = self._evaluate(tuple(rounded), "rounded", self.budget.quantities)
-        return entry if self._met(entry) else chosen
+        if self._met(entry):
+            return entry
+        LOG.info("budget search (rounded): channel counts rounded up to multiples of %d miss "
+                 "the budget; the unrounded choice is kept", CHANNEL_MULTIPLE)
+        return chosen
 
     def _retimed(self, entry: dict[str, Any]) -> dict[str, Any]:
         """`entry` with its latency timed LATENCY_CONFIRMATIONS more times (in alternation with

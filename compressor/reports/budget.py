@@ -21,7 +21,8 @@ __all__ = ["budget_rows", "budget_table", "write_budget_json", "plot_pareto", "o
 CHANCE_FACTOR = 1.5
 # datasets whose labels carry no signal (for timing and smoke runs): no accuracy to guard
 LABEL_FREE_DATASETS = ("synthetic",)
-_UNITS = {"macs": "MACs", "params": "parameters", "latency": "latency (s)", "size": "bytes"}
+# a budget's name in tables and plots; its target and achieved columns are fractions of dense
+_UNITS = {"macs": "MACs", "params": "parameters", "latency": "latency", "size": "size"}
 
 
 def budget_rows(targets: Mapping[str, float], dense: Mapping[str, float],
@@ -37,9 +38,11 @@ def budget_rows(targets: Mapping[str, float], dense: Mapping[str, float],
 
 
 def _figure(quantity: str, value: float) -> str:
-    """A dense or final figure: counts (MACs, parameters, bytes) with separators, seconds with
-    4 significant digits, never in scientific notation."""
-    return significant(value) if quantity == "latency" else integer(value)
+    """A dense or final figure with its unit: counts (MACs, parameters) with separators, bytes
+    and seconds named, never in scientific notation."""
+    if quantity == "latency":
+        return f"{significant(value * 1000)} ms"
+    return f"{integer(value)} B" if quantity == "size" else integer(value)
 
 
 def budget_table(report: Mapping[str, Any]) -> str:
