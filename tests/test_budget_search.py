@@ -4,9 +4,8 @@ budget reported as such, a search resumed from its state, and the schedule it wr
 
 from __future__ import annotations
 
-import logging
-
 import contextlib
+import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
