@@ -182,6 +182,10 @@ def test_a_directory_where_a_file_should_be(tmp_path: Path) -> None:
     not_a_dir.write_bytes(random_bytes(10))
     _one_line_data_error(lambda: load_datasets("cifar10", str(not_a_dir), CIFAR10_SPEC),
                          f"DATASET_DIR {not_a_dir} does not exist or is not a directory")
+    # a mistyped image folder is not called missing "cifar10 data": both readings are named
+    _one_line_data_error(lambda: load_datasets("cifar10", str(tmp_path / "typo"), CIFAR10_SPEC),
+                         "check the path (it holds the cifar10 files, or your images in "
+                         "train/<class>/ and val/<class>/)")
 
 
 @pytest.mark.parametrize("name", CIFAR10_FILES)

@@ -68,7 +68,9 @@ def test_without_val_the_vs_split_is_the_test_split(tmp_path: Path) -> None:
     assert splits.test is splits.val
     with pytest.raises(DataError, match=r"no val/ split, and --vs 0 .*add val/<class>/ images"):
         load_datasets("folder", root, SPEC)
-    with pytest.raises(DataError, match=r"missing .*val; evaluation \(-e\) reads val/<class>/"):
+    # the fix is to add the held-out images, not a circular "point DATASET_DIR at ... val/"
+    with pytest.raises(DataError, match=r"missing .*val; evaluation \(-e\) reads val/<class>/ "
+                       r"images: add .*val/<class>/ images held out from training"):
         load_test_dataset("folder", root, SPEC)
 
 

@@ -91,8 +91,8 @@ def _checked_root(root: str | Path | None) -> Path:
                          "directory that holds train/<class>/ (and val/<class>/)")
     path = Path(root).expanduser()
     if not path.is_dir():
-        raise DataError(f"DATASET_DIR {path} does not exist or is not a directory; pass the "
-                        f"directory that holds {_LAYOUT}")
+        raise DataError(f"DATASET_DIR {path} does not exist or is not a directory; check the "
+                        f"path (it holds {_LAYOUT})")
     return path
 
 
@@ -122,9 +122,9 @@ def _images(path: Path, order: Sequence[str], source: str) -> ClassFolder:
     return dataset
 
 
-def _missing(path: Path, reading: str) -> DataError:
-    return DataError(f"missing {path}; {reading} reads {path.name}/<class>/ images: add them, "
-                     f"or point DATASET_DIR at the directory that holds {_LAYOUT}")
+def _missing(path: Path, reading: str, fix: str) -> DataError:
+    """DATASET_DIR without the split a run reads, and what to do."""
+    return DataError(f"missing {path}; {reading} reads {path.name}/<class>/ images: {fix}")
 
 
 def load_folder_dataset(request: LoadRequest) -> RawSplits:
@@ -139,7 +139,9 @@ def load_folder_dataset(request: LoadRequest) -> RawSplits:
     train = val = None
     if request.train:
         if not (root / "train").is_dir():
-            raise _missing(root / "train", "training")
+            raise _missing(root / "train", "training", (
+                f"put them in {root / 'train'}/<class>/ (one folder per class), or check that "
+                f"DATASET_DIR is the directory above train/"))
         train = _images(root / "train", order, source)
         if (root / "val").is_dir():
             if request.class_names:  # the same classes in both splits, as without a record
@@ -148,6 +150,9 @@ def load_folder_dataset(request: LoadRequest) -> RawSplits:
             val = _images(root / "val", order, source)
     else:
         if not (root / "val").is_dir():
-            raise _missing(root / "val", "evaluation (-e)")
+            raise _missing(root / "val", "evaluation (-e)", (
+                f"add {root / 'val'}/<class>/ images held out from training, in the class "
+                "folders of train/ (a training run without val/ holds out --vs of train/ "
+                "and tests on it)"))
         val = _images(root / "val", order, source)
     return RawSplits(train, val, len(order), order)

@@ -59,8 +59,9 @@ def _data_root(spec: DatasetSpec, root: str | Path | None) -> Path | None:
                         "it as the first argument")
     path = Path(root).expanduser()
     if not path.is_dir():
-        raise DataError(f"DATASET_DIR {path} does not exist or is not a directory; pass the "
-                        f"directory that holds the {spec.name} data")
+        raise DataError(f"DATASET_DIR {path} does not exist or is not a directory; check the "
+                        f"path (it holds the {spec.name} files, or your images in "
+                        "train/<class>/ and val/<class>/)")
     return path
 
 

@@ -28,7 +28,7 @@ from compressor.utils.errors import UsageError
 __all__ = ["INSTALL_HINT", "SCALARS_HOOK", "require_tensorboard", "row_scalars",
            "sparsity_scalars", "compression_scalars", "TensorBoardLog"]
 
-INSTALL_HINT = "pip install -e .[tensorboard]"
+INSTALL_HINT = "pip install -e '.[tensorboard]'"
 SCALARS_HOOK = "tensorboard_scalars"
 # The attributes under which a schedule's policies hold what they drive.
 _COMPONENTS = ("pruner", "regularizer", "quantizer", "scheduler", "extension")
