@@ -121,12 +121,19 @@ def test_post_training_results_and_checkpoint(post_train: dict[str, Path], train
 @pytest.mark.parametrize("kind", ["sim", "int8"])
 def test_quantized_checkpoint_reproduces_top1(post_train: dict[str, Path], kind: str) -> None:
     run_dir = post_train[kind]
-    _ok(run_cli("--resume-from", str(run_dir / "quantized_checkpoint.pth.tar"), "-e", *COMMON,
-                "-o", str(post_train["out"]), "-n", f"{kind}_again"))
+    result = run_cli("--resume-from", str(run_dir / "quantized_checkpoint.pth.tar"), "-e",
+                     *COMMON, "-o", str(post_train["out"]), "-n", f"{kind}_again")
+    _ok(result)
     again = _results(post_train["out"] / f"{kind}_again")
     first = _results(run_dir)
     assert again["top1"] == first["quantized_top1"]
     assert again["loss"] == first["loss"]
+    # a dense model quantized: its sparsity is the float model's (none), and the zeros that
+    # rounding made are named as such, never as a weight sparsity
+    assert first["sparsity"] == 0.0 and "sparsity" not in again
+    assert 0.0 < again["quantized_zero_weights"] < 0.5
+    assert "weight sparsity" not in result.stdout
+    assert "quantized weights at 0, pruned or rounded (%)" in result.stdout
 
 
 def test_simulated_and_int8_agree(post_train: dict[str, Path]) -> None:

@@ -130,7 +130,7 @@ def test_missing_tensorboard_is_one_line_before_training(tmp_path: Path,
     monkeypatch.setitem(sys.modules, "tensorboard", None)
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
     result = run_main(*TINY, "--epochs", "1", "--tensorboard", "-o", str(tmp_path), "-n", "run")
-    assert_user_error(result, "--tensorboard", "pip install -e .[tensorboard]")
+    assert_user_error(result, "--tensorboard", "pip install -e '.[tensorboard]'")
     assert not (tmp_path / "run").exists()  # refused before the run directory was made
 
 

@@ -23,6 +23,7 @@ _ROWS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("bits (acts/wts)", "bits", str),
     ("stats", "stats_file", str),
     ("weight sparsity (%)", "sparsity", percent),
+    ("quantized weights at 0, pruned or rounded (%)", "quantized_zero_weights", percent),
     ("params", "params", integer),
     ("params before thinning", "params_before_thinning", integer),
     ("MACs", "macs", integer),

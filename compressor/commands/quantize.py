@@ -37,6 +37,7 @@ from compressor.models.description import (
 from compressor.quantization.core.errors import MissingStatisticsError, QuantizationError
 from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.recipe import QUANTIZATION, quantization_kind
+from compressor.reports.metrics import is_quantized, weight_sparsity
 from compressor.training.checkpoint import save_checkpoint
 from compressor.utils.config import LoaderConfig, QuantizeConfig
 
@@ -341,10 +342,14 @@ def run_quantization(model: nn.Module, config: QuantizeConfig, calibration: Cali
     if config.calibrate_only:
         return _calibrate_only(model, config, calibration, loader.batch_size, setup.seed,
                                run_dir), model
+    # the pruned share, read before rounding makes small weights zero too
+    pruned = None if is_quantized(model) else weight_sparsity(model)
     quantized = prepare_quantized_model(model, config, calibration, loader.batch_size, setup.seed,
                                         source)
     test = evaluate_fn(quantized.evaluated)
     results = {**test, **setup.progress(test), **quantized.facts, "quantized_top1": test["top1"]}
+    if pruned is not None:
+        results["sparsity"] = pruned
     if run_dir is not None and quantized.simulated is not None:
         path = quantized_checkpoint_path(run_dir)
         save_checkpoint(path, assemble_checkpoint(

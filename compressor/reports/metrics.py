@@ -17,10 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from compressor.models.description import description_of
+from compressor.quantization.recipe import QUANTIZATION
 
 __all__ = [
     "LayerCost", "weight_tensors", "layer_costs", "count_macs", "model_file_size",
-    "model_metrics", "probe_input",
+    "model_metrics", "probe_input", "is_quantized", "weight_sparsity",
 ]
 
 COMPUTE_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -122,12 +123,32 @@ def model_file_size(model: nn.Module) -> tuple[int, int]:
     return len(data), len(compressor.compress(data) + compressor.flush())
 
 
+def is_quantized(model: nn.Module) -> bool:
+    """Whether `model` holds quantized weights (simulated or int8 kernels)."""
+    try:
+        return description_of(model).recipe(QUANTIZATION) is not None
+    except ValueError:  # a model compressor did not describe: a float model of one's own
+        return False
+
+
+def weight_sparsity(model: nn.Module) -> float:
+    """The share of the weights (convolutions, linear layers) that are zero."""
+    weights = [w for _, _, w in weight_tensors(model)]
+    total = sum(w.numel() for w in weights)
+    return 1.0 - sum(int(torch.count_nonzero(w)) for w in weights) / max(total, 1)
+
+
 def model_metrics(model: nn.Module, checkpoint_path: str | os.PathLike | None = None
                   ) -> dict[str, Any]:
     """Size and cost figures that a run adds to results.json (of an int8 model: of the
-    simulated model it was converted from, whose integer weights it holds)."""
+    simulated model it was converted from, whose integer weights it holds).
+
+    A quantized model's zero weights are pruned ones and small ones its rounding made zero,
+    which it cannot tell apart: it reports them as `quantized_zero_weights`, not as a
+    sparsity (a run that quantizes reports the float model's `sparsity` itself)."""
     from compressor.models.description import stored_form
 
+    quantized = is_quantized(model)
     model = stored_form(model)
     params = {name: param.detach() for name, param in model.named_parameters()}
     total = sum(p.numel() for p in params.values())
@@ -145,6 +166,8 @@ def model_metrics(model: nn.Module, checkpoint_path: str | os.PathLike | None = 
         "model_file_size": file_size,
         "model_file_size_compressed": compressed,
     }
+    if quantized:
+        metrics["quantized_zero_weights"] = metrics.pop("sparsity")
     if checkpoint_path is not None and os.path.exists(checkpoint_path):
         metrics["checkpoint_file_size"] = os.path.getsize(checkpoint_path)
     return metrics

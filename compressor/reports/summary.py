@@ -79,7 +79,9 @@ def model_table(model: nn.Module) -> str:
         ["input size", "x".join(map(str, description.input_spec.input_size))],
         ["parameters", integer(metrics["params"])],
         ["non-zero parameters", integer(metrics["nonzero_params"])],
-        ["weight sparsity (%)", _pct(metrics["sparsity"])],
+        ["weight sparsity (%)", _pct(metrics["sparsity"])] if "sparsity" in metrics else
+        ["quantized weights at 0, pruned or rounded (%)",
+         _pct(metrics["quantized_zero_weights"])],
         ["MACs", integer(metrics["macs"])],
         ["model file size (bytes)", integer(metrics["model_file_size"])],
         ["compressed file size (bytes)", integer(metrics["model_file_size_compressed"])],
