@@ -107,12 +107,24 @@ def _unreadable(data: Path) -> None:
     (data / "train" / "cat" / "1.png").write_bytes(b"\x89PNG but no image")
 
 
+def _three_problems(data: Path) -> None:
+    """An empty class folder (in both splits), a corrupt and a truncated image: named in one
+    line, together."""
+    _empty_class(data)
+    _unreadable(data)
+    whole = (data / "train" / "cat" / "0.jpg").read_bytes()
+    (data / "train" / "cat" / "0.jpg").write_bytes(whole[:len(whole) // 2])
+
+
 BAD = {
     "mixed": (_mixed, (), ("mixes ImageNet WordNet-id", "--dataset folder")),
     "empty": (_empty_class, (), ("no images in", "dog", "put images in")),
     "val-only class": (_val_only_class, (), ("val has class folders that", "train lacks: dog")),
     "train-only class": (_train_only_class, (), ("train has class folders", "val lacks: dog")),
     "unreadable": (_unreadable, (), ("corrupt image file", "1.png", "remove or replace it")),
+    "three problems": (_three_problems, (), (
+        "4 problems in", "train/dog", "val/dog", "cat/0.jpg", "cat/1.png",
+        "put images in every class folder", "remove or replace the corrupt files")),
     "few classes": (lambda data: None, ("--num-classes", "2"), ("--num-classes 2 is fewer",)),
     "no test split": (lambda data: shutil.rmtree(data / "val"), ("--vs", "0"),
                       ("no val/ split", "--vs")),

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from compressor.data.imagenet import ClassFolder, check_image_file, labelled_folder
+from compressor.data.imagenet import ClassFolder, empty_class_folders, image_problem
 from compressor.data.imagenet_classes import check_known, class_folders, imagenet_wnids
 from compressor.data.splits import LoadRequest, RawSplits
 from compressor.utils.dataset_table import FOLDER
@@ -26,6 +26,7 @@ __all__ = ["SPLIT_DIRS", "split_class_folders", "infer_dataset", "folder_classes
 SPLIT_DIRS = ("train", "val")
 _LAYOUT = "DATASET_DIR/train/<class>/ images (and DATASET_DIR/val/<class>/)"
 _EMPTY_HINT = "put images in every class folder, or remove the empty ones"
+MAX_LISTED = 8  # problems named in the one line that reports a folder's problems together
 
 
 def _sample(names: Sequence[str]) -> str:
@@ -110,16 +111,45 @@ def folder_num_classes(root: str | Path | None, requested: int | None) -> int:
 
 
 def _images(path: Path, order: Sequence[str], source: str) -> ClassFolder:
-    """The images of one split, labelled by `order`; its folders must all be known and hold
-    images PIL can read."""
+    """The images of one split, labelled by `order`; its folders must all be known (what they
+    hold is checked with the other split's, `_check_splits`)."""
     folders = _visible_folders(path)
     if not folders:
         raise DataError(f"no class folders in {path}; expected {_LAYOUT}")
     check_known(folders, order, path, source)
-    dataset = labelled_folder(path, order, folders, _EMPTY_HINT)
+    return ClassFolder(str(path), order)
+
+
+def _problems(dataset: ClassFolder) -> list[str]:
+    """What a split's folders hold that a run cannot use: empty class folders, images PIL
+    cannot read (every one of them, found before anything is written)."""
+    path = Path(dataset.root)
+    problems = [f"no images in {path / name}"
+                for name in empty_class_folders(dataset, _visible_folders(path))]
     for file, _ in dataset.samples:
-        check_image_file(file)
-    return dataset
+        reason = image_problem(file)
+        if reason is not None:
+            problems.append(f"corrupt image file {file}: {reason}")
+    return problems
+
+
+def _check_splits(root: Path, *splits: ClassFolder | None) -> None:
+    """Refuse the splits' problems, all of them in one line."""
+    problems = [problem for split in splits if split is not None for problem in _problems(split)]
+    if problems:
+        raise DataError(_together(root, problems))
+
+
+def _together(path: Path, problems: Sequence[str]) -> str:
+    """Every problem of a folder dataset in one line, with what to do about each kind."""
+    fixes = [fix for kind, fix in (("no images in", _EMPTY_HINT),
+                                   ("corrupt image file", "remove or replace the corrupt files"))
+             if any(problem.startswith(kind) for problem in problems)]
+    if len(problems) == 1:
+        return f"{problems[0]}; {fixes[0] if fixes[0] == _EMPTY_HINT else 'remove or replace it'}"
+    shown = "; ".join(problems[:MAX_LISTED])
+    more = f"; and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
+    return f"{len(problems)} problems in {path}: {shown}{more}; {' and '.join(fixes)}"
 
 
 def _missing(path: Path, reading: str, fix: str) -> DataError:
@@ -148,6 +178,7 @@ def load_folder_dataset(request: LoadRequest) -> RawSplits:
                 folders = split_class_folders(root)
                 _check_same_classes(root, folders["train"], folders["val"])
             val = _images(root / "val", order, source)
+        _check_splits(root, train, val)
     else:
         if not (root / "val").is_dir():
             raise _missing(root / "val", "evaluation (-e)", (
@@ -155,4 +186,5 @@ def load_folder_dataset(request: LoadRequest) -> RawSplits:
                 "folders of train/ (a training run without val/ holds out --vs of train/ "
                 "and tests on it)"))
         val = _images(root / "val", order, source)
+        _check_splits(root, val)
     return RawSplits(train, val, len(order), order)

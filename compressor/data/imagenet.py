@@ -23,18 +23,20 @@ from compressor.data.imagenet_classes import (
 from compressor.data.splits import LoadRequest, RawSplits
 from compressor.utils.errors import DataError
 
-__all__ = ["load_rgb_image", "check_image_file", "ClassFolder", "labelled_folder",
-           "load_imagenet_dataset"]
+__all__ = ["load_rgb_image", "image_problem", "ClassFolder", "empty_class_folders",
+           "labelled_folder", "load_imagenet_dataset"]
 
 _LAYOUT_HINT = "expected ROOT/train/ and ROOT/val/ class folders (ImageFolder layout)"
 
 
-def _unreadable(path: str, exc: Exception) -> DataError:
+def _reason(exc: Exception) -> str:
     if isinstance(exc, UnidentifiedImageError):
-        reason = "not an image format PIL can read"
-    else:
-        reason = " ".join(str(exc).split()) or type(exc).__name__  # keep the message one line
-    return DataError(f"corrupt image file {path}: {reason}; remove or replace it")
+        return "not an image format PIL can read"
+    return " ".join(str(exc).split()) or type(exc).__name__  # keep the message one line
+
+
+def _unreadable(path: str, exc: Exception) -> DataError:
+    return DataError(f"corrupt image file {path}: {_reason(exc)}; remove or replace it")
 
 
 # What PIL raises for a file it cannot read (UnidentifiedImageError is an OSError).
@@ -56,16 +58,17 @@ def load_rgb_image(path: str) -> Image.Image:
 _CHECK_SCALE = 8
 
 
-def check_image_file(path: str) -> None:
-    """Decode an image once, JPEGs at reduced scale, so that a file PIL cannot read, truncated
-    pixel data included, is found before a run writes anything; DataError names it."""
+def image_problem(path: str) -> str | None:
+    """Why PIL cannot read an image file, truncated pixel data included (decoded once, JPEGs
+    at reduced scale); None when it can."""
     try:
         with Image.open(path) as image:
             width, height = image.size
             image.draft("RGB", (max(1, width // _CHECK_SCALE), max(1, height // _CHECK_SCALE)))
             image.load()
     except _READ_ERRORS as exc:
-        raise _unreadable(path, exc) from None
+        return _reason(exc)
+    return None
 
 
 class ClassFolder(ImageFolder):
@@ -80,13 +83,18 @@ class ClassFolder(ImageFolder):
         return self._class_names, {name: i for i, name in enumerate(self._class_names)}
 
 
+def empty_class_folders(folder: ClassFolder, folders: Sequence[str]) -> list[str]:
+    """The class `folders` of `folder` that hold no image."""
+    labelled = {label for _, label in folder.samples}
+    return [name for name in folders if folder.class_to_idx[name] not in labelled]
+
+
 def labelled_folder(path: Path, class_names: Sequence[str], folders: Sequence[str],
                     hint: str = _LAYOUT_HINT) -> ClassFolder:
     """The images of `path` labelled by `class_names`; every one of its class `folders` must
     hold at least one (`hint` ends the message that names an empty one)."""
     folder = ClassFolder(str(path), class_names)
-    labelled = {label for _, label in folder.samples}
-    empty = [name for name in folders if folder.class_to_idx[name] not in labelled]
+    empty = empty_class_folders(folder, folders)
     if empty:
         raise DataError(f"no images in {path / empty[0]}"
                         f"{f' and {len(empty) - 1} more class folders' if len(empty) > 1 else ''}"
