@@ -85,6 +85,14 @@ def uniform_fraction(dense: nn.Module, quantity: str, target: float
         "evaluations": len(ratios)}
 
 
+def classifier_of(model: nn.Module) -> nn.Module:
+    """The model's last linear layer: its classifier, whose outputs Torch-Pruning must keep."""
+    linear = [module for module in model.modules() if isinstance(module, nn.Linear)]
+    if not linear:
+        raise ValueError(f"{type(model).__name__} has no linear classifier")
+    return linear[-1]
+
+
 class TorchPruningWalk:
     """Torch-Pruning's global L1 pruning of a copy of the dense model, stepped on demand; the
     model after every step is kept, so a bisection over steps re-prunes nothing."""
@@ -97,7 +105,7 @@ class TorchPruningWalk:
         self.pruner = tp.pruner.MetaPruner(
             model, self.inputs, importance=tp.importance.MagnitudeImportance(p=1),
             global_pruning=True, pruning_ratio=TP_RATIO, max_pruning_ratio=1.0 - MIN_KEEP,
-            iterative_steps=TP_STEPS, ignored_layers=[model.fc])
+            iterative_steps=TP_STEPS, ignored_layers=[classifier_of(model)])
         self.model = model
         self.dense_macs = measure_one(dense, "macs")
         self.snapshots = [copy.deepcopy(model)]
