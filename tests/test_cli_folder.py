@@ -165,3 +165,20 @@ def test_sensitivity_csv_follows_the_metrics(tmp_path: Path) -> None:
     assert _csv_header(tmp_path / "few.csv") == ["parameter", "sparsity", "top1", "loss"]
     write_sensitivity_csv([{**row, "top5": 90.0}], tmp_path / "many.csv")
     assert _csv_header(tmp_path / "many.csv")[2:] == ["top1", "top5", "loss"]
+
+
+def test_images_much_smaller_than_the_input_get_one_line_naming_input_size(
+        trained: Path, tmp_path: Path) -> None:
+    """24 px images for a model of 56 px: one line says they are upscaled and names the flag;
+    at the model's own 28 px (under twice the images') nothing is said."""
+    data = trained / "data"
+    result = run_cli("-e", "--resume-from", str(trained / "out" / "train" / "checkpoint.pth.tar"),
+                     str(data), "-j", "0", "-o", str(tmp_path), "-n", "own")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "upscaled" not in result.stdout
+    result = run_cli(str(data), "-a", "resnet20_cifar", "--input-size", "3,56,56", *TINY,
+                     "-o", str(tmp_path), "-n", "large")
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if "upscaled" in line]
+    assert len(lines) == 1 and "are about 24 px and the model's input is 56 px" in lines[0]
+    assert "--input-size 3,24,24 runs the model at their size" in lines[0]

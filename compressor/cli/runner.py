@@ -38,6 +38,7 @@ from compressor.commands.budget import BudgetRun, is_budget_run, run_budget
 from compressor.commands.common import (
     calibration_source,
     evaluation_fn,
+    images_note,
     load_run_data,
     model_facts,
     name_classes,
@@ -166,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
                           arguments=args_record(args), started=started)
     data = load_run_data(setup, data_config(args, training), training)
     name_classes(model, data.class_names)
+    size_note = images_note(setup, args.data)
     calibration = None if training else _calibration(args, setup, model, data)
     recalibration = None if training else _recalibration(args, setup, ctx, data)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
@@ -178,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         log.info("run directory %s", run_dir)
         if setup.model.pretrained_source is not None:
             log.info("%s", setup.model.pretrained_source.describe())
-        for note in (memory_note, placement_note):
+        for note in (memory_note, placement_note, size_note):
             if note is not None:
                 log.info("%s", note)
         if ctx.is_main:

@@ -30,6 +30,7 @@ from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule
 from compressor.budget.search import STATE_VERSION, Budget, BudgetSearch
 from compressor.commands.common import (
     evaluation_fn,
+    images_note,
     load_run_data,
     model_facts,
     name_classes,
@@ -327,8 +328,11 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
     barrier()
     record = run_record(run.arguments, setup, data.class_names)
     writer_dir = run_dir if ctx.is_main else None
+    size_note = images_note(setup, run.data.root)
     with logging_to(writer_dir, ctx.is_main) as log:
         log.info("run directory %s", run_dir)
+        if size_note is not None:
+            log.info("%s", size_note)
         if ctx.is_main:
             write_args_yaml(run_dir, record)
         if search is not None:

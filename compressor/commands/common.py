@@ -19,6 +19,7 @@ from compressor.data import (
     load_datasets,
     load_test_dataset,
 )
+from compressor.data.image_sizes import small_images_note
 from compressor.models.description import describe, description_of
 from compressor.reports.metrics import model_metrics
 from compressor.training.dataloaders import eval_loader
@@ -27,9 +28,11 @@ from compressor.utils.config import DataConfig, LoaderConfig
 from compressor.utils.distributed import DistContext, all_reduce_sum
 from compressor.utils.errors import DataError
 
-__all__ = ["EvaluateFn", "load_run_data", "name_classes", "device_of", "evaluation_fn",
-           "model_facts", "run_record", "calibration_source"]
+__all__ = ["EvaluateFn", "load_run_data", "name_classes", "images_note", "device_of",
+           "evaluation_fn", "model_facts", "run_record", "calibration_source"]
 
+# datasets read as image folders of any size (a user's own, ImageNet's layout)
+IMAGE_FOLDERS = ("folder", "imagenet")
 EvaluateFn = Callable[[nn.Module], dict[str, float]]
 
 
@@ -86,6 +89,14 @@ def model_facts(model: nn.Module, run_dir: Path) -> dict[str, Any]:
             "num_classes": description.num_classes,
             "transforms": [step.name for step in description.transforms],
             **model_metrics(model, run_dir / "checkpoint.pth.tar")}
+
+
+def images_note(setup: RunSetup, root: str | Path | None) -> str | None:
+    """One line when an image folder's images are much smaller than the model's input (they
+    are upscaled: each step costs as at the model's size); None otherwise."""
+    if root is None or setup.description.dataset not in IMAGE_FOLDERS:
+        return None
+    return small_images_note(root, setup.description.input_spec)
 
 
 def name_classes(model: nn.Module, class_names: Sequence[str]) -> None:

@@ -19,6 +19,7 @@ from compressor.data.imagenet_classes import check_known, class_folders, imagene
 from compressor.data.splits import LoadRequest, RawSplits
 from compressor.utils.dataset_table import FOLDER
 from compressor.utils.errors import DataError, UsageError
+from compressor.utils.progress import heartbeat
 
 __all__ = ["SPLIT_DIRS", "split_class_folders", "infer_dataset", "folder_classes",
            "folder_num_classes", "load_folder_dataset"]
@@ -126,7 +127,7 @@ def _problems(dataset: ClassFolder) -> list[str]:
     path = Path(dataset.root)
     problems = [f"no images in {path / name}"
                 for name in empty_class_folders(dataset, _visible_folders(path))]
-    for file, _ in dataset.samples:
+    for file, _ in heartbeat(dataset.samples, f"checking the images of {path}", unit="images"):
         reason = image_problem(file)
         if reason is not None:
             problems.append(f"corrupt image file {file}: {reason}")

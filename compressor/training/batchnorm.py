@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compressor.utils.progress import heartbeat
+
 __all__ = ["Recalibration", "batch_norms", "recalibrate_batch_norm", "settle_steps",
            "recalibration_batches", "RECALIBRATION_IMAGES"]
 
@@ -145,7 +147,7 @@ def recalibrate_batch_norm(model: nn.Module, loader: Iterable[Any], num_batches:
                 _only_norms_training(model, norms):
             if seed is not None:
                 torch.manual_seed(seed)
-            for batch in loader:
+            for batch in heartbeat(loader, "re-estimating batch-norm statistics"):
                 inputs = _inputs_of(batch).to(device, non_blocking=True)
                 model(inputs)
                 batches += 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
@@ -11,10 +10,10 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm import tqdm
 
 from compressor.training.losses import LossFn, main_logits
 from compressor.utils.precision import Precision
+from compressor.utils.progress import progress
 
 __all__ = ["TrainHooks", "NoHooks", "MetricSums", "reports_top5", "count_correct",
            "train_one_epoch", "evaluate"]
@@ -103,11 +102,6 @@ class MetricSums:
         return metrics
 
 
-def _progress(loader: Iterable[Any], desc: str) -> Iterable[Any]:
-    # Progress bars only on a terminal; logs and CI get the periodic log lines instead.
-    return tqdm(loader, desc=desc, leave=False, disable=not sys.stderr.isatty(), dynamic_ncols=True)
-
-
 def _to_device(batch: tuple[Tensor, Tensor], device: torch.device,
                precision: Precision) -> tuple[Tensor, Tensor]:
     inputs, target = batch
@@ -151,7 +145,7 @@ def train_one_epoch(model: nn.Module, loader: Iterable[Any], loss_fn: LossFn,
     sums = MetricSums(device)
     batches = len(loader)  # type: ignore[arg-type]
     start, start_cpu = time.perf_counter(), time.process_time()
-    for batch_idx, batch in enumerate(_progress(loader, f"epoch {epoch}")):
+    for batch_idx, batch in enumerate(progress(loader, f"epoch {epoch}")):
         inputs, target = _to_device(batch, device, precision)
         hooks.on_minibatch_begin(epoch, batch_idx, batches)
         with precision.autocast(device):
@@ -178,7 +172,7 @@ def evaluate(model: nn.Module, loader: Iterable[Any], device: torch.device,
     precision = precision or Precision()
     model.eval()
     sums = MetricSums(device)
-    for batch in _progress(loader, desc):
+    for batch in progress(loader, desc):
         inputs, target = _to_device(batch, device, precision)
         with precision.autocast(device):
             logits = main_logits(model(inputs))

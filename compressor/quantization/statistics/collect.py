@@ -24,6 +24,7 @@ from compressor.models.description import unwrap_model
 from compressor.quantization.core.clipping import HISTOGRAM_BINS
 from compressor.quantization.core.errors import QuantizationError
 from compressor.quantization.statistics.stats_file import ActivationStats
+from compressor.utils.progress import heartbeat
 
 __all__ = ["tensor_stats", "collect_stats"]
 
@@ -284,7 +285,8 @@ def collect_stats(model: nn.Module, batches: Iterable[Any],
             try:
                 with torch.no_grad():
                     count = 0
-                    for batch in batches:
+                    for batch in heartbeat(batches, "quantization statistics, pass "
+                                           f"{2 if second else 1} of 2"):
                         run(model, batch)
                         count += 1
             finally:
