@@ -4,12 +4,15 @@
 # print one table of every stage against dense (accuracy, size, MACs, latency).
 #
 # The four run directories (dense, pruned, thinned, int8) go under $DEMO_OUT_DIR if set, else
-# under logs/demo___<timestamp>; each can be evaluated again with -e --resume-from.
+# under logs/demo___<timestamp>; each can be evaluated again with -e --resume-from. It runs in
+# the active virtual environment when that has compressor's dependencies (offline, nothing
+# installed), else in .venv, created with the core install when missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup_venv.sh
+# the active environment or .venv when it has the project, else .venv with the core install
+py="$(bash scripts/demo_python.sh)"
+echo "== python: $py"
 runs="${DEMO_OUT_DIR:-logs/demo___$(date +%Y.%m.%d-%H%M%S)}"
-py=.venv/bin/python
 cli=(compress_classifier.py -j 0 -p 0 --deterministic -o "$runs")
 
 echo "== 1/4 dense: train simplenet_digits from scratch"
