@@ -1,4 +1,5 @@
-"""Parsed arguments -> the small typed configs of compressor.utils.config (argparse ends here)."""
+"""Parsed arguments -> the RunRequest and the small typed configs of compressor.utils.config
+(argparse ends here: nothing past `run_request` reads the namespace)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from compressor.cli.budget_args import budget_config, budget_only_flags
+from compressor.cli.checks import quantization_requested
+from compressor.cli.request import ActionRequest, MemoryRequest, RunOptions, RunRequest
 from compressor.data.folder import folder_num_classes, infer_dataset
 from compressor.utils.config import (
     DataConfig,
@@ -20,7 +24,7 @@ from compressor.utils.config import (
 from compressor.utils.dataset_table import FOLDER
 from compressor.utils.precision import Precision
 
-__all__ = ["model_request", "optimizer_config", "loader_config", "train_config",
+__all__ = ["run_request", "model_request", "optimizer_config", "loader_config", "train_config",
            "quantize_config", "data_config", "is_training", "args_record",
            "distillation_config"]
 
@@ -121,3 +125,25 @@ def is_training(args: argparse.Namespace) -> bool:
 def args_record(args: argparse.Namespace) -> dict[str, Any]:
     """The parsed arguments as plain values (args.yaml, the checkpoint's `args`)."""
     return dict(vars(args))
+
+
+def run_request(args: argparse.Namespace) -> RunRequest:
+    """The parsed command line as one typed, frozen request."""
+    training = is_training(args)
+    action = ActionRequest(
+        summary=tuple(args.summary or ()),
+        dry_run=_path(args.compress) if args.dry_run else None,
+        export_onnx=args.export_onnx, evaluate=args.evaluate, thinnify=args.thinnify,
+        sense=args.sense, sense_range=tuple(args.sense_range),
+        bn_recalibrate=args.bn_recalibrate)
+    run = RunOptions(seed=args.seed, deterministic=args.deterministic, cpu=args.cpu,
+                     gpus=tuple(args.gpus) if args.gpus is not None else None,
+                     output_dir=args.output_dir, name=args.name, data_dir=args.data)
+    return RunRequest(
+        model=model_request(args), train=train_config(args), data=data_config(args, training),
+        eval_data=data_config(args, training=False), optimizer=optimizer_config(args),
+        budget=budget_config(args),
+        quantize=quantize_config(args) if quantization_requested(args) else None,
+        distillation=distillation_config(args), run=run,
+        memory=MemoryRequest(args.memory_efficient, args.memory_budget), action=action,
+        arguments=args_record(args), budget_only_flags=tuple(budget_only_flags(args)))

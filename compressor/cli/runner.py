@@ -1,10 +1,9 @@
-"""A parsed command line, run: summary | dry-run | export | budget | train | evaluate,
-quantize, sensitivity, thinnify.
+"""A RunRequest, run: the model resolved and built, its command looked up in one table, the
+command's check() (every refusal, before any file is written) and its execute().
 
-argparse ends in this package: the parsed command line becomes the small typed configs of
-compressor.utils.config (compressor.cli.configs), and one command module runs on them. This
-module imports torch and the commands; compressor.cli.main imports it only once the command
-line has parsed (so --help, --version and a refused flag cost no torch import).
+The commands: summary | dry-run | budget | export | train | quantize | thinnify | sensitivity
+| evaluate. This module imports torch and the commands; compressor.cli.main imports it only
+once the command line has parsed (so --help, --version and a refused flag cost no torch).
 """
 
 from __future__ import annotations
@@ -12,8 +11,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from dataclasses import replace
-from pathlib import Path
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -21,18 +20,8 @@ from torch import nn
 
 from compressor.assembly.recipes import apply_transform
 from compressor.assembly.setup import RunSetup, build_resolved_model, resolve_run
-from compressor.cli.budget_args import budget_config, budget_only_flags
-from compressor.cli.checks import quantization_requested
-from compressor.cli.configs import (
-    args_record,
-    data_config,
-    distillation_config,
-    is_training,
-    model_request,
-    optimizer_config,
-    quantize_config,
-    train_config,
-)
+from compressor.cli.configs import run_request
+from compressor.cli.request import RunRequest
 from compressor.cli.results_table import dataset_label, results_table
 from compressor.commands.budget import BudgetRun, is_budget_run, run_budget
 from compressor.commands.common import (
@@ -67,11 +56,40 @@ from compressor.training.run_dir import (
     write_args_yaml,
     write_results_json,
 )
-from compressor.utils.config import TrainConfig
 from compressor.utils.distributed import DistContext, barrier, init_distributed
 from compressor.utils.errors import UsageError
 
-__all__ = ["run"]
+__all__ = ["run", "execute", "Run", "RunResult", "Command", "COMMANDS", "command_for"]
+
+
+@dataclass
+class Run:
+    """A request with its model resolved: what every command's check and execute read."""
+
+    request: RunRequest
+    setup: RunSetup
+    ctx: DistContext
+    model: nn.Module
+    started: float
+    notes: list[str]  # lines for the run's log, once it is open
+    distillation: Any = None  # the teacher and loss of a training run (check() starts it)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a command returns: its exit status, and the results it wrote (if any)."""
+
+    status: int
+    results: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Command:
+    """One thing a command line can do: its refusals, then its work."""
+
+    name: str
+    check: Callable[[Run], None]
+    execute: Callable[[Run], RunResult]
 
 
 def _configure_determinism(deterministic: bool) -> None:
@@ -84,128 +102,6 @@ def _configure_determinism(deterministic: bool) -> None:
         torch.backends.cudnn.benchmark = True
 
 
-def _refuse_quantized(args: argparse.Namespace, setup: RunSetup, training: bool) -> None:
-    """A post-training quantized checkpoint is evaluated or converted, never trained or thinned."""
-    if quantization_kind(setup.description) != "post_train":
-        return
-    mode = "training" if training else next(
-        (flag for flag, on in (("--thinnify", args.thinnify), ("--sense", args.sense)) if on),
-        None)
-    if mode is not None:
-        raise UsageError(f"{setup.checkpoint_path} is post-training quantized, and {mode} needs "
-                         "a float model; use the float checkpoint it came from (quantize last)")
-
-
-def _check_before_writing(args: argparse.Namespace, setup: RunSetup, model: nn.Module,
-                          ctx: DistContext, config: TrainConfig, training: bool) -> Any:
-    """Everything that can refuse the run does so before any file is written; returns the
-    distillation of a training run (None without --kd-*)."""
-    _refuse_quantized(args, setup, training)
-    distillation = None
-    if training:
-        check_resume_epochs(config, setup)
-        check_resume_precision(config, setup)
-        check_head_lr(config, setup)
-        if config.reports.tensorboard:
-            from compressor.reports import require_tensorboard
-
-            require_tensorboard()
-        distillation = start_distillation(config, setup, model, ctx)
-    if quantization_requested(args):
-        from compressor.commands.quantize import check_quantization
-
-        check_quantization(model, quantize_config(args), str(setup.checkpoint_path or setup.arch))
-    return distillation
-
-
-def run(args: argparse.Namespace) -> int:
-    """Execute one parsed command line."""
-    started = time.perf_counter()
-    request = model_request(args)
-    if args.memory_efficient == AUTO:  # chosen by measuring, once the model is built
-        request = replace(request, memory_efficient=None)
-    setup = resolve_run(request, seed=args.seed, deterministic=args.deterministic)
-    _configure_determinism(args.deterministic)
-    ctx = init_distributed(args.cpu, args.gpus)
-    seed_everything(setup.seed)  # the same initial weights on every rank and in every rerun
-    model, placement_note = _placed(build_resolved_model(setup.model), ctx)
-    if args.summary:
-        from compressor.commands.summary import run_summary
-
-        return run_summary(model, args.summary)
-    if args.dry_run:
-        from compressor.commands.dry_run import run_dry_run
-
-        return run_dry_run(model, Path(args.compress), optimizer_config(args), args.epochs)
-    training = is_training(args)
-    config = train_config(args)
-    budget = budget_config(args)
-    if is_budget_run(setup, budget, training, args.reset_optimizer):
-        if args.memory_efficient == AUTO:
-            raise UsageError("--memory-efficient auto measures one model, and a budget run "
-                             "changes it as it searches; name a variant (--memory-efficient "
-                             "recompute) or drop the flag")
-        _refuse_quantized(args, setup, training)
-        return run_budget(BudgetRun(
-            budget, config, data_config(args, training),
-            quantize_config(args) if quantization_requested(args) else None, args.output_dir,
-            args.name, args_record(args), distillation_config(args)), setup, ctx, model, started)
-    extra = budget_only_flags(args)
-    if extra:  # resuming a checkpoint that is not a budget run's: the flag would do nothing
-        raise UsageError(f"{extra[0]} belongs to a budget run, and {setup.checkpoint_path} is "
-                         f"not one; add a --target-* budget or drop {extra[0]}")
-    distillation = _check_before_writing(args, setup, model, ctx, config, training)
-    memory_note = None
-    if args.memory_efficient == AUTO:
-        setup, model, memory_note = _fit_memory_budget(args, setup, model)
-    if args.export_onnx is not None:
-        from compressor.commands.export import run_export
-
-        return run_export(setup, ctx, model, target=args.export_onnx,
-                          data=data_config(args, training=False), batch_size=args.batch_size,
-                          output_dir=args.output_dir, name=args.name,
-                          arguments=args_record(args), started=started)
-    data = load_run_data(setup, data_config(args, training), training)
-    name_classes(model, data.class_names)
-    size_note = images_note(setup, args.data)
-    calibration = None if training else _calibration(args, setup, model, data)
-    recalibration = None if training else _recalibration(args, setup, ctx, data)
-    resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
-    run_dir = choose_run_dir(args.output_dir, args.name, setup.arch, resume_dir)
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier()
-    record = run_record(args_record(args), setup, data.class_names)
-    with logging_to(run_dir if ctx.is_main else None, ctx.is_main) as log:
-        log.info("run directory %s", run_dir)
-        if setup.model.pretrained_source is not None:
-            log.info("%s", setup.model.pretrained_source.describe())
-        for note in (memory_note, placement_note, size_note):
-            if note is not None:
-                log.info("%s", note)
-        if ctx.is_main:
-            write_args_yaml(run_dir, record)
-        writer_dir = run_dir if ctx.is_main else None
-        if training:
-            results = run_training(setup, ctx, model, data, writer_dir, config, record,
-                                   distillation)
-        else:
-            assert isinstance(data, EvaluationData)
-            if recalibration is not None:
-                recalibration(model, "--bn-recalibrate, before evaluating")
-            results, model = _post_training(args, setup, ctx, model, data, writer_dir, config,
-                                            record, calibration)
-        if config.reports.confusion:
-            results.update(confusion_results(ctx, model, data, writer_dir, config.loader))
-        if ctx.is_main:  # the other ranks write nothing: no model figures (seconds) for them
-            named = {"class_names": list(data.class_names)} if data.class_names else {}
-            results = {**model_facts(model, run_dir), **named, **results,
-                       "time": time.perf_counter() - started}
-            write_results_json(run_dir, results)
-            print(results_table(results, dataset_label(results["dataset"], args.data)))
-    return 0
-
-
 def _placed(model: nn.Module, ctx: DistContext) -> tuple[nn.Module, str | None]:
     """The built model on the run's device; one running int8 kernels stays on the CPU (with
     the line that says so, logged once the run's log is open)."""
@@ -214,77 +110,291 @@ def _placed(model: nn.Module, ctx: DistContext) -> tuple[nn.Module, str | None]:
     return model, int8_placement(model, ctx.device, log=False)
 
 
-def _fit_memory_budget(args: argparse.Namespace, setup: RunSetup, model: nn.Module
-                       ) -> tuple[RunSetup, nn.Module, str]:
+# -- checks -----------------------------------------------------------------------------------
+def _nothing(run: Run) -> None:
+    """A command that refuses nothing of its own."""
+
+
+def _refuse_quantized(run: Run) -> None:
+    """A post-training quantized checkpoint is evaluated or converted, never trained or thinned."""
+    if quantization_kind(run.setup.description) != "post_train":
+        return
+    action = run.request.action
+    mode = "training" if run.request.training else next(
+        (flag for flag, on in (("--thinnify", action.thinnify), ("--sense", action.sense)) if on),
+        None)
+    if mode is not None:
+        raise UsageError(f"{run.setup.checkpoint_path} is post-training quantized, and {mode} "
+                         "needs a float model; use the float checkpoint it came from (quantize "
+                         "last)")
+
+
+def _refuse_budget_flags(run: Run) -> None:
+    """A flag only a budget run reads, on a command that is not one: it would do nothing."""
+    extra = run.request.budget_only_flags
+    if extra:
+        raise UsageError(f"{extra[0]} belongs to a budget run, and {run.setup.checkpoint_path} "
+                         f"is not one; add a --target-* budget or drop {extra[0]}")
+
+
+def _check_quantization(run: Run) -> None:
+    if run.request.quantize is not None:
+        from compressor.commands.quantize import check_quantization
+
+        check_quantization(run.model, run.request.quantize,
+                           str(run.setup.checkpoint_path or run.setup.arch))
+
+
+def _check_budget(run: Run) -> None:
+    if run.request.memory.variant == AUTO:
+        raise UsageError("--memory-efficient auto measures one model, and a budget run "
+                         "changes it as it searches; name a variant (--memory-efficient "
+                         "recompute) or drop the flag")
+    _refuse_quantized(run)
+
+
+def _check_training(run: Run) -> None:
+    _refuse_budget_flags(run)
+    _refuse_quantized(run)
+    config, setup = run.request.train, run.setup
+    check_resume_epochs(config, setup)
+    check_resume_precision(config, setup)
+    check_head_lr(config, setup)
+    if config.reports.tensorboard:
+        from compressor.reports import require_tensorboard
+
+        require_tensorboard()
+    run.distillation = start_distillation(config, setup, run.model, run.ctx)
+    _check_quantization(run)
+
+
+def _check_post_training(run: Run) -> None:
+    _refuse_budget_flags(run)
+    _refuse_quantized(run)
+    _check_quantization(run)
+
+
+# -- the memory variant auto chooses, before data is read ---------------------------------------
+def _fit_memory_budget(run: Run) -> None:
     """--memory-efficient auto: measure, choose and record the variant like a named one (a
-    checkpoint's recorded variant is kept, not measured again); returns the log line too."""
+    checkpoint's recorded variant is kept, not measured again); its line goes to the log."""
+    if run.request.memory.variant != AUTO:
+        return
+    setup, model = run.setup, run.model
     recorded = setup.description.recipe(MEMORY_EFFICIENT)
     if recorded is not None:
-        return setup, model, (f"memory-efficient auto: {variant_label(recorded)}, as "
-                              f"{setup.checkpoint_path} records (not measured again)")
+        run.notes.append(f"memory-efficient auto: {variant_label(recorded)}, as "
+                         f"{setup.checkpoint_path} records (not measured again)")
+        return
     weights_from = next((flag for flag, on in (
         ("--pretrained", setup.model.pretrained), ("--resume-from", setup.checkpoint is not None),
         ("--exp-load-weights-from", setup.model.load_weights_from is not None)) if on), None)
-    choice = fit_memory_budget(model, setup.model.arch_spec, args.batch_size,
-                               round(args.memory_budget * 2**30),
-                               optimizer_config=optimizer_config(args), weights_from=weights_from)
+    choice = fit_memory_budget(model, setup.model.arch_spec, run.request.train.loader.batch_size,
+                               round((run.request.memory.budget_gib or 0.0) * 2**30),
+                               optimizer_config=run.request.optimizer, weights_from=weights_from)
     if choice.recipe is not None:
-        model = apply_transform(model, MEMORY_EFFICIENT, choice.recipe)
-        setup = replace(setup, model=replace(setup.model, description=description_of(model)))
-    return setup, model, choice.describe()
+        run.model = apply_transform(model, MEMORY_EFFICIENT, choice.recipe)
+        run.setup = replace(setup, model=replace(setup.model,
+                                                 description=description_of(run.model)))
+    run.notes.append(choice.describe())
 
 
-def _recalibration(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
-                   data: EvaluationData) -> Recalibrator | None:
+# -- executes -----------------------------------------------------------------------------------
+def _summary(run: Run) -> RunResult:
+    from compressor.commands.summary import run_summary
+
+    return RunResult(run_summary(run.model, run.request.action.summary))
+
+
+def _dry_run(run: Run) -> RunResult:
+    from compressor.commands.dry_run import run_dry_run
+
+    assert run.request.action.dry_run is not None
+    return RunResult(run_dry_run(run.model, run.request.action.dry_run, run.request.optimizer,
+                                 run.request.train.epochs))
+
+
+def _budget(run: Run) -> RunResult:
+    request = run.request
+    budget_run = BudgetRun(request.budget, request.train, request.data, request.quantize,
+                           request.run.output_dir, request.run.name, request.arguments,
+                           request.distillation)
+    return RunResult(run_budget(budget_run, run.setup, run.ctx, run.model, run.started))
+
+
+def _export(run: Run) -> RunResult:
+    from compressor.commands.export import run_export
+
+    _fit_memory_budget(run)
+    request = run.request
+    assert request.action.export_onnx is not None
+    return RunResult(run_export(run.setup, run.ctx, run.model, target=request.action.export_onnx,
+                                data=request.eval_data, batch_size=request.train.loader.batch_size,
+                                output_dir=request.run.output_dir, name=request.run.name,
+                                arguments=request.arguments, started=run.started))
+
+
+def _recalibration(run: Run, data: EvaluationData) -> Recalibrator | None:
     """-e with --bn-recalibrate N: the re-estimation on the training split (with evaluation
     transforms), read now, before any file is written."""
-    if not args.bn_recalibrate:
+    if not run.request.action.bn_recalibrate:
         return None
     source = calibration_source(
-        setup, data_config(args, training=False), data.test, "train",
+        run.setup, run.request.eval_data, data.test, "train",
         fix="--bn-recalibrate reads training images: give the dataset with its training split, "
             "or drop --bn-recalibrate")
-    return recalibrator(source(), train_config(args), setup.seed, ctx)
+    return recalibrator(source(), run.request.train, run.setup.seed, run.ctx)
 
 
-def _calibration(args: argparse.Namespace, setup: RunSetup, model: nn.Module,
-                 data: EvaluationData) -> Any:
+def _calibration(run: Run, data: EvaluationData) -> Any:
     """What quantization calibrates on (None without --qe*): the training split is read now,
     before any file is written, where statistics will be collected."""
-    if not quantization_requested(args):
+    quantize = run.request.quantize
+    if quantize is None:
         return None
     from compressor.commands.quantize import needs_calibration
 
-    quantize = quantize_config(args)
-    source = calibration_source(setup, data_config(args, training=False), data.test,
+    source = calibration_source(run.setup, run.request.eval_data, data.test,
                                 quantize.calibration_split)
-    if not needs_calibration(model, quantize):
+    if not needs_calibration(run.model, quantize):
         return source  # never called
     dataset = source()
     return lambda: dataset
 
 
-def _post_training(args: argparse.Namespace, setup: RunSetup, ctx: DistContext,
-                   model: nn.Module, data: EvaluationData, run_dir: Path | None,
-                   config: TrainConfig, record: dict[str, Any], calibration: Any
-                   ) -> tuple[dict[str, Any], nn.Module]:
+def _post_training(run: Run, data: EvaluationData, run_dir: Any, record: dict[str, Any],
+                   calibration: Any) -> tuple[dict[str, Any], nn.Module]:
     """Evaluate (quantized or not), analyse sensitivity or thin a model on the test split;
     returns the results and the model they describe."""
-    evaluate_fn = evaluation_fn(data.test, config.loader, ctx)
-    if quantization_requested(args):
+    request, setup, model = run.request, run.setup, run.model
+    config = request.train
+    evaluate_fn = evaluation_fn(data.test, config.loader, run.ctx)
+    if request.quantize is not None:
         from compressor.commands.quantize import run_quantization
 
         assert calibration is not None
-        return run_quantization(model, quantize_config(args), calibration, config.loader, setup,
+        return run_quantization(model, request.quantize, calibration, config.loader, setup,
                                 run_dir, record, evaluate_fn)
-    if args.thinnify:
+    if request.action.thinnify:
         from compressor.commands.thinnify import thinnify
 
         return thinnify(model, evaluate_fn, setup.checkpoint, run_dir, config.optimizer,
                         record), model
-    if args.sense:
+    if request.action.sense:
         from compressor.commands.sensitivity import run_sensitivity_analysis
 
-        run_sensitivity_analysis(model, evaluate_fn, args.sense, tuple(args.sense_range),
-                                 run_dir)
+        run_sensitivity_analysis(model, evaluate_fn, request.action.sense,
+                                 request.action.sense_range, run_dir)
     return evaluate_model(setup, model, evaluate_fn), model
+
+
+def _recorded_run(run: Run) -> RunResult:
+    """A training or evaluating run: its data read and every source it needs opened before
+    anything is written; then its run directory, log, args.yaml, results.json and table."""
+    _fit_memory_budget(run)
+    request, setup, ctx = run.request, run.setup, run.ctx
+    training = request.training
+    data = load_run_data(setup, request.data, training)
+    name_classes(run.model, data.class_names)
+    size_note = images_note(setup, request.run.data_dir)
+    calibration = None if training else _calibration(run, data)
+    recalibration = None if training else _recalibration(run, data)
+    resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
+    run_dir = choose_run_dir(request.run.output_dir, request.run.name, setup.arch, resume_dir)
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    barrier()
+    record = run_record(request.arguments, setup, data.class_names)
+    config, model = request.train, run.model
+    with logging_to(run_dir if ctx.is_main else None, ctx.is_main) as log:
+        log.info("run directory %s", run_dir)
+        if setup.model.pretrained_source is not None:
+            log.info("%s", setup.model.pretrained_source.describe())
+        for note in (*run.notes, size_note):
+            if note is not None:
+                log.info("%s", note)
+        if ctx.is_main:
+            write_args_yaml(run_dir, record)
+        writer_dir = run_dir if ctx.is_main else None
+        if training:
+            results = run_training(setup, ctx, model, data, writer_dir, config, record,
+                                   run.distillation)
+        else:
+            assert isinstance(data, EvaluationData)
+            if recalibration is not None:
+                recalibration(model, "--bn-recalibrate, before evaluating")
+            results, model = _post_training(run, data, writer_dir, record, calibration)
+        if config.reports.confusion:
+            results.update(confusion_results(ctx, model, data, writer_dir, config.loader))
+        if ctx.is_main:  # the other ranks write nothing: no model figures (seconds) for them
+            named = {"class_names": list(data.class_names)} if data.class_names else {}
+            results = {**model_facts(model, run_dir), **named, **results,
+                       "time": time.perf_counter() - run.started}
+            write_results_json(run_dir, results)
+            print(results_table(results, dataset_label(results["dataset"],
+                                                        request.run.data_dir)))
+    return RunResult(0, results)
+
+
+# -- the table ------------------------------------------------------------------------------------
+COMMANDS: Mapping[str, Command] = {command.name: command for command in (
+    Command("summary", _nothing, _summary),
+    Command("dry-run", _nothing, _dry_run),
+    Command("budget", _check_budget, _budget),
+    Command("export", _check_post_training, _export),
+    Command("train", _check_training, _recorded_run),
+    Command("quantize", _check_post_training, _recorded_run),
+    Command("thinnify", _check_post_training, _recorded_run),
+    Command("sensitivity", _check_post_training, _recorded_run),
+    Command("evaluate", _check_post_training, _recorded_run),
+)}
+
+
+def command_for(request: RunRequest, setup: RunSetup) -> Command:
+    """The command a request asks for (a budget run's checkpoint continues its budget run)."""
+    action = request.action
+    if action.summary:
+        name = "summary"
+    elif action.dry_run is not None:
+        name = "dry-run"
+    elif is_budget_run(setup, request.budget, request.training,
+                       request.train.reset_optimizer):
+        name = "budget"
+    elif action.export_onnx is not None:
+        name = "export"
+    elif request.training:
+        name = "train"
+    elif request.quantize is not None:
+        name = "quantize"
+    elif action.thinnify:
+        name = "thinnify"
+    elif action.sense:
+        name = "sensitivity"
+    else:
+        name = "evaluate"
+    return COMMANDS[name]
+
+
+def execute(request: RunRequest) -> RunResult:
+    """Resolve and build the request's model, then check and execute its command."""
+    started = time.perf_counter()
+    model_request = request.model
+    if request.memory.variant == AUTO:  # chosen by measuring, once the model is built
+        model_request = replace(model_request, memory_efficient=None)
+    setup = resolve_run(model_request, seed=request.run.seed,
+                        deterministic=request.run.deterministic)
+    _configure_determinism(request.run.deterministic)
+    gpus = list(request.run.gpus) if request.run.gpus is not None else None
+    ctx = init_distributed(request.run.cpu, gpus)
+    seed_everything(setup.seed)  # the same initial weights on every rank and in every rerun
+    model, placement_note = _placed(build_resolved_model(setup.model), ctx)
+    notes = [placement_note] if placement_note is not None else []
+    run = Run(request, setup, ctx, model, started, notes)
+    command = command_for(request, setup)
+    command.check(run)
+    return command.execute(run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute one parsed command line; returns its exit status."""
+    return execute(run_request(args)).status
