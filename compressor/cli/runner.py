@@ -29,11 +29,10 @@ from compressor.commands.common import (
     evaluation_fn,
     images_note,
     load_run_data,
-    model_facts,
     name_classes,
-    run_record,
 )
 from compressor.commands.evaluate import confusion_results, evaluate_model
+from compressor.commands.record import open_run
 from compressor.commands.train import (
     check_head_lr,
     check_resume_epochs,
@@ -50,13 +49,7 @@ from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.recipe import quantization_kind
 from compressor.training.dataloaders import seed_everything
 from compressor.training.recalibration import Recalibrator, recalibrator
-from compressor.training.run_dir import (
-    choose_run_dir,
-    logging_to,
-    write_args_yaml,
-    write_results_json,
-)
-from compressor.utils.distributed import DistContext, barrier, init_distributed
+from compressor.utils.distributed import DistContext, init_distributed
 from compressor.utils.errors import UsageError
 
 __all__ = ["run", "execute", "Run", "RunResult", "Command", "COMMANDS", "command_for"]
@@ -300,22 +293,12 @@ def _recorded_run(run: Run) -> RunResult:
     calibration = None if training else _calibration(run, data)
     recalibration = None if training else _recalibration(run, data)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and training else None
-    run_dir = choose_run_dir(request.run.output_dir, request.run.name, setup.arch, resume_dir)
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier()
-    record = run_record(request.arguments, setup, data.class_names)
     config, model = request.train, run.model
-    with logging_to(run_dir if ctx.is_main else None, ctx.is_main) as log:
-        log.info("run directory %s", run_dir)
-        if setup.model.pretrained_source is not None:
-            log.info("%s", setup.model.pretrained_source.describe())
-        for note in (*run.notes, size_note):
-            if note is not None:
-                log.info("%s", note)
-        if ctx.is_main:
-            write_args_yaml(run_dir, record)
-        writer_dir = run_dir if ctx.is_main else None
+    with open_run(setup, ctx, request.arguments, data.class_names,
+                  output_dir=request.run.output_dir, name=request.run.name,
+                  resume_dir=resume_dir, notes=(*run.notes, size_note),
+                  started=run.started) as opened:
+        writer_dir, record = opened.writer_dir, opened.record
         if training:
             results = run_training(setup, ctx, model, data, writer_dir, config, record,
                                    run.distillation)
@@ -326,11 +309,10 @@ def _recorded_run(run: Run) -> RunResult:
             results, model = _post_training(run, data, writer_dir, record, calibration)
         if config.reports.confusion:
             results.update(confusion_results(ctx, model, data, writer_dir, config.loader))
-        if ctx.is_main:  # the other ranks write nothing: no model figures (seconds) for them
-            named = {"class_names": list(data.class_names)} if data.class_names else {}
-            results = {**model_facts(model, run_dir), **named, **results,
-                       "time": time.perf_counter() - run.started}
-            write_results_json(run_dir, results)
+        # the other ranks write nothing: no model figures (seconds) for them
+        named = {"class_names": list(data.class_names)} if data.class_names else {}
+        results = opened.finish(model, results, first=named)
+        if ctx.is_main:
             print(results_table(results, dataset_label(results["dataset"],
                                                         request.run.data_dir)))
     return RunResult(0, results)

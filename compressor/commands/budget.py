@@ -32,10 +32,9 @@ from compressor.commands.common import (
     evaluation_fn,
     images_note,
     load_run_data,
-    model_facts,
     name_classes,
-    run_record,
 )
+from compressor.commands.record import open_run
 from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import DatasetSplits
 from compressor.models.inference import inference_copy
@@ -50,12 +49,6 @@ from compressor.reports.metrics import model_file_bytes
 from compressor.thinning.transform import probe_batch
 from compressor.training.checkpoint import save_run_checkpoint
 from compressor.training.recalibration import recalibrator
-from compressor.training.run_dir import (
-    choose_run_dir,
-    logging_to,
-    write_args_yaml,
-    write_results_json,
-)
 from compressor.utils.atomic_io import atomic_write_text
 from compressor.utils.config import (
     BudgetConfig,
@@ -322,19 +315,10 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
     search = None if "chosen" in state else _prepare_search(run, setup, ctx, model, data, state)
     resume_dir = setup.checkpoint_path.parent if setup.checkpoint_path and _recorded(
         setup) is not None else None
-    run_dir = choose_run_dir(run.output_dir, run.name, setup.arch, resume_dir)
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier()
-    record = run_record(run.arguments, setup, data.class_names)
-    writer_dir = run_dir if ctx.is_main else None
-    size_note = images_note(setup, run.data.root)
-    with logging_to(writer_dir, ctx.is_main) as log:
-        log.info("run directory %s", run_dir)
-        if size_note is not None:
-            log.info("%s", size_note)
-        if ctx.is_main:
-            write_args_yaml(run_dir, record)
+    with open_run(setup, ctx, run.arguments, data.class_names, output_dir=run.output_dir,
+                  name=run.name, resume_dir=resume_dir, notes=(images_note(setup, run.data.root),),
+                  started=started) as opened:
+        run_dir, writer_dir, record = opened.run_dir, opened.writer_dir, opened.record
         if search is not None:
             state = _search(search, run, ctx, model, data, _SearchSaver(model, writer_dir, record))
         schedule_path = _write_schedule(state, config.epochs, run_dir, ctx.is_main)
@@ -362,11 +346,10 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
                      "model_epoch": results["model_epoch"]}
         report = budget_report(state, model, final_figures, scores, setup.arch, setup.dataset,
                                fine_tune)
-        if ctx.is_main:  # the other ranks write nothing: no model figures (seconds) for them
-            results = {**model_facts(model, run_dir), **results, "budget_met": report["met"],
-                       "time": time.perf_counter() - started}
+        # the other ranks write nothing: no model figures (seconds) for them
+        results = opened.finish(model, {**results, "budget_met": report["met"]})
+        if ctx.is_main:
             write_budget_json(run_dir / REPORT_NAME, report)
-            write_results_json(run_dir, results)
             print(budget_table(report))
     if not report["met"]:
         if ctx.is_main:

@@ -3,7 +3,6 @@ export.json and results.json in a run directory of its own."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,15 +12,11 @@ from torch import nn
 
 from compressor.api.export import check_exportable, export_model
 from compressor.assembly.setup import RunSetup
-from compressor.commands.common import load_run_data, model_facts, run_record
+from compressor.commands.common import load_run_data
+from compressor.commands.record import open_run
 from compressor.data import needs_data_dir
 from compressor.export import require_onnx
-from compressor.training.run_dir import (
-    choose_run_dir,
-    logging_to,
-    write_args_yaml,
-    write_results_json,
-)
+from compressor.models.description import description_of
 from compressor.utils.config import DataConfig
 from compressor.utils.distributed import DistContext
 
@@ -48,19 +43,15 @@ def run_export(setup: RunSetup, ctx: DistContext, model: nn.Module, *, target: s
     require_onnx()  # without the extra, say so before any data is read
     check_exportable(model)  # a quantized model a QDQ graph cannot hold: before any file
     sample = export_sample(setup, data, batch_size)
-    run_dir = choose_run_dir(output_dir, name, setup.arch, None)
-    if not ctx.is_main:
-        return 0
-    run_dir.mkdir(parents=True, exist_ok=True)
-    destination = Path(target)
-    if not destination.is_absolute() and destination.parent == Path("."):
-        destination = run_dir / destination
-    with logging_to(run_dir, True) as log:
-        log.info("run directory %s", run_dir)
-        write_args_yaml(run_dir, run_record(arguments, setup, ()))
-        facts = export_model(model.cpu().eval(), destination, sample, run_dir)
-        results = {**model_facts(model, run_dir), "export": facts,
-                   "time": time.perf_counter() - started}
-        write_results_json(run_dir, results)
-        log.info("exported %s (%s)", destination, run_dir / "export.json")
+    class_names = description_of(model).class_names
+    with open_run(setup, ctx, arguments, class_names, output_dir=output_dir, name=name,
+                  started=started) as opened:
+        if opened.writer_dir is None:
+            return 0  # one rank exports
+        destination = Path(target)
+        if not destination.is_absolute() and destination.parent == Path("."):
+            destination = opened.run_dir / destination
+        facts = export_model(model.cpu().eval(), destination, sample, opened.run_dir)
+        opened.finish(model, {"export": facts})
+        opened.log.info("exported %s (%s)", destination, opened.run_dir / "export.json")
     return 0
