@@ -62,3 +62,21 @@ def test_the_vocabulary_names_what_the_modules_act_on() -> None:
     assert CLIP_MODE_NAMES == tuple(mode.name.lower() for mode in ClipMode)
     assert set(QUANT_MODE_NAMES.values()) == {mode.name for mode in LinearQuantMode}
     assert tuple(AMP_DTYPES) == AMP_NAMES
+
+
+def test_one_quantization_vocabulary_for_the_command_line_the_yaml_and_the_api() -> None:
+    """The command line and the API take Distiller's names as its YAML does, and the YAML
+    takes the command line's: the same modes, whatever the spelling."""
+    from compressor.api.quantize import _choice
+    from compressor.cli.parser import parse_args
+    from compressor.quantization.core.settings import settings_from_args
+    from compressor.utils.vocabulary import CLIP_MODE_NAMES, clip_mode_name, quant_mode_name
+
+    args = parse_args(["-e", "--qe", "--qe-mode", "ASYMMETRIC_UNSIGNED", "--qema", "symmetric",
+                       "--qe-clip-acts", "AVG", "-a", "simplenet_digits"])
+    assert (args.qe_mode, args.qe_mode_acts, args.qe_clip_acts) == ("asym_u", "sym", "avg")
+    assert _choice("clip", clip_mode_name("MSE"), CLIP_MODE_NAMES) == "mse"
+    for short, distiller in (("sym", "SYMMETRIC"), ("asym_s", "ASYMMETRIC_SIGNED")):
+        assert quant_mode_name(distiller) == quant_mode_name(short) == short
+        assert (settings_from_args({"mode": short}, "yaml").mode
+                == settings_from_args({"mode": distiller}, "yaml").mode)

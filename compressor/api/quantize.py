@@ -40,7 +40,12 @@ from compressor.quantization.recipe import QUANTIZATION, int8_model, quantizatio
 from compressor.quantization.simulated.graph import explicit_graph
 from compressor.utils.config import QuantizeConfig
 from compressor.utils.errors import UsageError
-from compressor.utils.vocabulary import CLIP_MODE_NAMES, QUANT_MODE_NAMES
+from compressor.utils.vocabulary import (
+    CLIP_MODE_NAMES,
+    QUANT_MODE_NAMES,
+    clip_mode_name,
+    quant_mode_name,
+)
 
 __all__ = ["quantize_int8", "MODE_NAMES", "CLIP_MODES", "settings_from_config",
            "kernel_settings", "quantization_graph", "post_train", "convert_int8"]
@@ -166,7 +171,8 @@ def quantize_int8(model: nn.Module, calibration_loader: Iterable[Any], *, mode: 
         model: a trained float classifier (thinned or not), on any device.
         calibration_loader: batches of (inputs, targets) or of inputs, read twice (a DataLoader
             or a list; a few hundred training images suffice).
-        mode: --qe-mode: "sym", "sym_restr", "asym_u" or "asym_s".
+        mode: --qe-mode: "sym", "sym_restr", "asym_u" or "asym_s" (or Distiller's names, as
+            its YAML takes them: "SYMMETRIC", "ASYMMETRIC_UNSIGNED" ...).
         per_channel: --qe-per-channel: one weight scale per output channel (usually closer to
             float than one per tensor).
         clip: --qe-clip-acts: "none", "avg", "gauss", "laplace" or "mse" ("n_std" needs
@@ -178,8 +184,8 @@ def quantize_int8(model: nn.Module, calibration_loader: Iterable[Any], *, mode: 
         A CPU module running int8 kernels; save_checkpoint stores it (as integers and scales)
         and export_onnx writes it as a QDQ graph.
     """
-    mode = _choice("mode", mode, MODE_NAMES)
-    clip = _choice("clip", clip, CLIP_MODES)
+    mode = _choice("mode", quant_mode_name(mode), MODE_NAMES)
+    clip = _choice("clip", clip_mode_name(clip), CLIP_MODES)
     backend = _choice("backend", backend, INT8_BACKENDS)
     if clip == "n_std":
         raise UsageError("quantize_int8: clip 'n_std' needs a number of standard deviations, "

@@ -7,7 +7,13 @@ import argparse
 
 from compressor.cli.args_data import FRACTION
 from compressor.cli.domains import integer, path, real
-from compressor.utils.vocabulary import CLIP_MODE_NAMES, INT8_BACKENDS, QUANT_MODE_NAMES
+from compressor.utils.vocabulary import (
+    CLIP_MODE_NAMES,
+    INT8_BACKENDS,
+    QUANT_MODE_NAMES,
+    clip_mode_name,
+    quant_mode_name,
+)
 
 __all__ = ["add_quantization_args", "QE_MODES", "QE_CLIP_MODES", "QE_BACKENDS",
            "CALIBRATION_SPLITS"]
@@ -31,10 +37,14 @@ def add_quantization_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--quantize-eval", "--qe", dest="quantize_eval", action="store_true",
                        help="quantize the model after loading it, then evaluate it (with -e)")
     group.add_argument("--qe-mode", "--qem", dest="qe_mode", choices=QE_MODES, default="sym",
-                       help="linear quantization mode (default sym)")
+                       type=quant_mode_name,
+                       help="linear quantization mode (default sym; Distiller's names, "
+                            "e.g. SYMMETRIC, are taken too)")
     group.add_argument("--qe-mode-acts", "--qema", dest="qe_mode_acts", choices=QE_MODES,
+                       type=quant_mode_name,
                        default=None, help="mode of the activations (overrides --qe-mode)")
     group.add_argument("--qe-mode-wts", "--qemw", dest="qe_mode_wts", choices=QE_MODES,
+                       type=quant_mode_name,
                        default=None, help="mode of the weights (overrides --qe-mode)")
     group.add_argument("--qe-bits-acts", "--qeba", dest="qe_bits_acts", type=bits, default=8,
                        help="bits of the activations, 2..16 (0: keep float; default 8)")
@@ -43,6 +53,7 @@ def add_quantization_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--qe-bits-accum", dest="qe_bits_accum", type=integer(1, 32),
                        default=32, help="bits of the accumulator, 1..32 (default 32)")
     group.add_argument("--qe-clip-acts", "--qeca", dest="qe_clip_acts", choices=QE_CLIP_MODES,
+                       type=clip_mode_name,
                        default="none", help="activation clipping (default none; mse: the range "
                        "of least squared error on the calibration histogram, as torch.ao's "
                        "HistogramObserver)")

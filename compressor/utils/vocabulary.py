@@ -10,7 +10,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 __all__ = ["AUTO", "MEMORY_VARIANTS", "AMP_NAMES", "ONEDNN", "TORCH_ENGINES", "INT8_BACKENDS",
-           "QUANT_MODE_NAMES", "CLIP_MODE_NAMES"]
+           "QUANT_MODE_NAMES", "CLIP_MODE_NAMES", "quant_mode_name", "clip_mode_name"]
 
 AUTO = "auto"  # let the tool choose (a memory variant, an int8 backend)
 MEMORY_VARIANTS = ("recompute", "inplace-abn")  # --memory-efficient's variants
@@ -24,3 +24,24 @@ QUANT_MODE_NAMES = MappingProxyType({
     "asym_u": "ASYMMETRIC_UNSIGNED", "asym_s": "ASYMMETRIC_SIGNED"})
 # --qe-clip-acts's names: Distiller's ClipMode members, lower case (and ours, mse)
 CLIP_MODE_NAMES = ("none", "avg", "n_std", "gauss", "laplace", "mse")
+
+
+def quant_mode_name(text: str) -> str:
+    """A quantization mode as the command line names it, from either spelling in any case
+    ("sym" or Distiller's "SYMMETRIC", "asym_u" or "ASYMMETRIC_UNSIGNED"); an unknown name is
+    returned as given, for the caller's refusal to name."""
+    if not isinstance(text, str):
+        return text
+    wanted = text.strip().lower()
+    for short, distiller in QUANT_MODE_NAMES.items():
+        if wanted in (short, distiller.lower()):
+            return short
+    return text
+
+
+def clip_mode_name(text: str) -> str:
+    """An activation clipping mode as the command line names it ("avg", from "AVG" too)."""
+    if not isinstance(text, str):
+        return text
+    wanted = text.strip().lower()
+    return wanted if wanted in CLIP_MODE_NAMES else text
