@@ -222,7 +222,7 @@ def test_masks_sparsity_logs_on_rank_zero_only(tmp_path: Path,
 def test_missing_tensorboard_is_a_usage_error_naming_the_extra(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
-    with pytest.raises(UsageError, match=r"pip install -e \.\[tensorboard\]"):
+    with pytest.raises(UsageError, match=r"pip install -e '\.\[tensorboard\]'"):
         require_tensorboard()
     with pytest.raises(UsageError):  # on every rank, before any training
         open_epoch_reports(ReportConfig(tensorboard=True), None, nn.Linear(1, 1))

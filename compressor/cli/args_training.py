@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from compressor import __version__
 from compressor.cli.domains import INT_MAX, gpu_list, integer, path, real
 from compressor.utils.vocabulary import AMP_NAMES
 
@@ -75,5 +76,8 @@ def add_run_args(parser: argparse.ArgumentParser) -> None:
                        help="comma-separated GPU indices to use, e.g. 0,1")
     group.add_argument("-o", "--out-dir", dest="output_dir", default="logs", type=path,
                        help="directory that holds the run directories")
+    group.add_argument("--version", action="version",
+                       version=f"%(prog)s (compressor {__version__})",
+                       help="print the version and exit")
     group.add_argument("-n", "--name", default=None,
                        help="run directory name (default: <arch>___<timestamp>)")

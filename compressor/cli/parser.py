@@ -7,7 +7,6 @@ import argparse
 import sys
 from typing import NoReturn
 
-from compressor import __version__
 from compressor.cli.args_data import MACHINE_DEFAULTS, add_data_args
 from compressor.cli.args_distillation import add_distillation_args
 from compressor.cli.args_model import add_memory_args, add_model_args
@@ -39,8 +38,6 @@ def get_args_parser() -> argparse.ArgumentParser:
     parser = _OneLineParser(
         prog="compress_classifier.py",
         description="Train, compress, resume and evaluate PyTorch image classifiers.")
-    parser.add_argument("--version", action="version",
-                        version=f"%(prog)s (compressor {__version__})")
     for add_group in _GROUPS:
         add_group(parser)
     return parser

@@ -150,7 +150,8 @@ def _together(path: Path, problems: Sequence[str]) -> str:
         return f"{problems[0]}; {fixes[0] if fixes[0] == _EMPTY_HINT else 'remove or replace it'}"
     shown = "; ".join(problems[:MAX_LISTED])
     more = f"; and {len(problems) - MAX_LISTED} more" if len(problems) > MAX_LISTED else ""
-    return f"{len(problems)} problems in {path}: {shown}{more}; {' and '.join(fixes)}"
+    return (f"{len(problems)} problems in the image folder {path}, all listed (fix them all, "
+            f"then run again): {shown}{more}; {' and '.join(fixes)}")
 
 
 def _missing(path: Path, reading: str, fix: str) -> DataError:
