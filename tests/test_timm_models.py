@@ -15,7 +15,7 @@ from torch import nn
 
 from compressor.assembly.setup import build_resolved_model, resolve_model
 from compressor.models import create_model, get_arch_spec
-from compressor.models.timm_models import timm_weights_file
+from compressor.models.families.timm_models import timm_weights_file
 from compressor.utils.config import ModelRequest
 from compressor.utils.errors import CheckpointError, UsageError
 from tests.conftest import assert_user_error, run_main

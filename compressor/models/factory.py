@@ -32,7 +32,7 @@ def get_arch_spec(name: str) -> ArchSpec:
     if name in specs:
         return specs[name]
     if is_timm_arch(name):
-        from compressor.models.timm_models import timm_arch_spec
+        from compressor.models.families.timm_models import timm_arch_spec
 
         return timm_arch_spec(name)
     if is_code_reference(name):

@@ -1,5 +1,5 @@
 """CIFAR-style model families (32x32 inputs, also usable at 28x28 where noted)."""
 
-from compressor.models.cifar import mobilenet_v2, resnet, vgg
+from compressor.models.families.cifar import mobilenet_v2, resnet, vgg
 
 __all__ = ["mobilenet_v2", "resnet", "vgg"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from compressor.models.init import kaiming_conv_bn_init_
+from compressor.models.families.init import kaiming_conv_bn_init_
 from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.models.registry import register_model
 from compressor.utils.input_spec import IMAGENET_MEAN, IMAGENET_STD, InputSpec

@@ -13,7 +13,7 @@ from torch import nn
 from torchvision.models import MobileNetV2
 from torchvision.ops.misc import Conv2dNormActivation
 
-from compressor.models.cifar.resnet import CIFAR_DATASETS
+from compressor.models.families.cifar.resnet import CIFAR_DATASETS
 from compressor.models.registry import register_model
 from compressor.utils.input_spec import InputSpec
 
