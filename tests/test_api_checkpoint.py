@@ -154,7 +154,7 @@ def _predict_onnx_agrees(directory: Path, model: nn.Module) -> None:
     PNG files preprocessed as the command line does (folder images at the model's size)."""
     from PIL import Image
 
-    from compressor.data.transforms import build_transforms
+    from compressor.data.image_transforms import build_transforms
 
     spec = description_of(model).input_spec
     model.eval()

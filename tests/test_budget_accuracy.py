@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from compressor.reports.budget import budget_report, budget_table, collapsed, unmet_line
+from compressor.reports.budget_report import budget_report, budget_table, collapsed, unmet_line
 from compressor.training.best import BestEpoch
 from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import assert_user_error, run_cli, run_main, trained_digits

@@ -182,7 +182,7 @@ def test_a_deterministic_transform_runs_in_chunks_with_each_images_exact_result(
 
 def test_augmentation_and_a_set_too_large_to_keep_go_image_by_image(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from compressor.data.transforms import is_deterministic
+    from compressor.data.image_transforms import is_deterministic
 
     assert not is_deterministic(build_transforms(SMALL_SPEC, "cifar10", train=True))  # crop, flip
     assert is_deterministic(build_transforms(SMALL_SPEC, "cifar10", train=False))

@@ -16,7 +16,7 @@ from torch import nn
 from compressor.memory import apply_memory_variant
 from compressor.models import create_model, get_arch_spec, list_archs
 from compressor.models.families.torchvision_models import DISTILLER_RESNETS
-from compressor.models.layers.checkpointing import RecomputedSequential
+from compressor.models.layers.activation_checkpointing import RecomputedSequential
 from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.models.pretrained import load_pretrained_weights, pretrained_weights_path
 from tests.conftest import CORPUS, requires_corpus

@@ -13,7 +13,7 @@ import torch
 
 from compressor.cli.results_table import dataset_label, results_table
 from compressor.models import create_model
-from compressor.reports.budget import budget_table
+from compressor.reports.budget_report import budget_table
 from compressor.reports.confusion import format_confusion
 from compressor.reports.numbers import significant
 from compressor.reports.summary import print_summary

@@ -23,7 +23,7 @@ from compressor.assembly.setup import RunSetup, build_resolved_model, resolve_ru
 from compressor.cli.configs import run_request
 from compressor.cli.request import RunRequest
 from compressor.cli.results_table import dataset_label, results_table
-from compressor.commands.budget import BudgetRun, is_budget_run, run_budget
+from compressor.commands.budget_run import BudgetRun, is_budget_run, run_budget
 from compressor.commands.common import (
     calibration_source,
     evaluation_fn,

@@ -14,6 +14,7 @@ from compressor.data.cifar import load_cifar_dataset
 from compressor.data.digits import load_digits_dataset
 from compressor.data.folder import load_folder_dataset
 from compressor.data.idx import load_idx_dataset
+from compressor.data.image_transforms import build_transforms, is_deterministic
 from compressor.data.imagenet import load_imagenet_dataset
 from compressor.data.splits import (
     DatasetSplits,
@@ -26,7 +27,6 @@ from compressor.data.splits import (
     take_subset,
 )
 from compressor.data.synthetic import load_synthetic_dataset
-from compressor.data.transforms import build_transforms, is_deterministic
 from compressor.utils.dataset_table import DatasetSpec, dataset_names, dataset_spec
 from compressor.utils.errors import DataError
 from compressor.utils.input_spec import InputSpec

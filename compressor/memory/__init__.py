@@ -14,7 +14,7 @@ from compressor.memory.compare import training_divergence
 from compressor.memory.dense import EfficientDenseBlock, make_densenet_efficient
 from compressor.memory.measure import MemoryReport, default_loss, measure_saved_bytes
 from compressor.memory.variants import MEMORY_VARIANTS, apply_memory_variant, supported_variants
-from compressor.models.layers.checkpointing import (
+from compressor.models.layers.activation_checkpointing import (
     FrozenNormStats,
     RecomputedSequential,
     block_segments,

@@ -9,7 +9,8 @@ convolutions are not recomputed: checkpoint's early stop ends a recomputation on
 brought back the convolution's input. The module after a dense block (a transition, or the
 final batch norm) concatenates the block's features inside its own recomputed segment, so
 no block's concatenation is kept either. Batch-norm statistics are frozen during every
-recomputation (compressor.models.layers.checkpointing.FrozenNormStats): one update per step.
+recomputation (FrozenNormStats of compressor.models.layers.activation_checkpointing): one
+update per step.
 
 torchvision's `_DenseBlock` (in torchvision's DenseNets and compressor's DenseNet-BC, built
 from them) calls each `_DenseLayer`'s forward, which we do not own. So containers are
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torchvision.models.densenet import _DenseBlock, _DenseLayer
 
-from compressor.models.layers.checkpointing import exact_checkpoint, needs_checkpoint
+from compressor.models.layers.activation_checkpointing import exact_checkpoint, needs_checkpoint
 
 __all__ = ["EfficientDenseBlock", "EfficientDenseFeatures", "efficient_dense_layer",
            "has_dense_blocks", "make_densenet_efficient"]

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from compressor.memory.dense import has_dense_blocks, make_densenet_efficient
-from compressor.models.layers.checkpointing import enable_checkpointing
+from compressor.models.layers.activation_checkpointing import enable_checkpointing
 from compressor.models.layers.inplace_abn import convert_to_inplace_abn
 from compressor.utils.errors import UsageError
 from compressor.utils.vocabulary import MEMORY_VARIANTS
@@ -38,10 +38,11 @@ def apply_memory_variant(model: nn.Module, arch_spec: ArchSpec, variant: str) ->
     """Turn `model` into its memory-efficient `variant`, in place, and return it.
 
     "recompute" switches on a model's own `set_grad_checkpointing`, or puts recomputing
-    containers in the place of its block containers (compressor.models.layers.checkpointing,
-    compressor.memory.dense); "inplace-abn" swaps batch norm + activation pairs for
-    InPlaceABN + Identity. Nothing is written on the model but its modules: the caller
-    records the variant (in the model's description). Parameter and buffer names are kept,
+    containers in the place of its block containers
+    (compressor.models.layers.activation_checkpointing, compressor.memory.dense);
+    "inplace-abn" swaps batch norm + activation pairs for InPlaceABN + Identity. Nothing is
+    written on the model but its modules: the caller records the variant (in the model's
+    description). Parameter and buffer names are kept,
     so a plain checkpoint loads into the variant and a variant's into the plain model. A
     variant computes the same function with the same gradients and batch-norm statistics as
     the plain model; the one exception is that in-place ABN needs an invertible activation

@@ -1,7 +1,7 @@
 """The dataset table: one DatasetSpec row holds everything the framework knows about a dataset.
 
 The command line's --dataset choices, the model registry (classes, default input spec), the
-loaders (compressor.data.load) and the image transforms (compressor.data.transforms) all read
+loaders (compressor.data.load) and the image transforms (compressor.data.image_transforms) all read
 this table; adding a dataset is one row here plus, for a new file format, its loader function
 in compressor.data and one line in compressor.data.load.LOADERS.
 
@@ -28,7 +28,7 @@ __all__ = [
 
 SYNTHETIC = "synthetic"
 FOLDER = "folder"  # a user's image folder: classes from its folders, input spec from the arch
-# Training augmentations, built by compressor.data.transforms.
+# Training augmentations, built by compressor.data.image_transforms.
 NO_AUGMENT = "none"
 PAD_CROP_FLIP = "pad-crop-flip"  # RandomCrop(crop, padding=4) + flip: Distiller's CIFAR
 RESIZED_CROP_FLIP = "resized-crop-flip"  # RandomResizedCrop(crop) + flip: ImageNet

@@ -24,7 +24,7 @@ from torch import Tensor, nn
 from torchvision.models import get_model, get_model_weights, list_models
 from torchvision.models.resnet import BasicBlock, Bottleneck, ResNet
 
-from compressor.models.layers.checkpointing import checkpoint_seq
+from compressor.models.layers.activation_checkpointing import checkpoint_seq
 from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.models.registry import register_model
 from compressor.utils.dataset_table import DATASET_INPUT_SPECS

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from compressor.models.families.cifar.resnet import CIFAR_DATASETS, conv3x3
-from compressor.models.layers.checkpointing import checkpoint_seq
+from compressor.models.layers.activation_checkpointing import checkpoint_seq
 from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.models.registry import register_model
 from compressor.utils.input_spec import InputSpec

@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import Tensor, nn
 
 from compressor.models.families.init import kaiming_conv_bn_init_
-from compressor.models.layers.checkpointing import checkpoint_stages
+from compressor.models.layers.activation_checkpointing import checkpoint_stages
 from compressor.models.layers.eltwise import EltwiseAdd
 from compressor.models.layers.inplace_abn import InPlaceABN
 from compressor.models.registry import register_model

@@ -6,7 +6,7 @@ from types import MappingProxyType
 
 from torch import Tensor, nn
 
-from compressor.models.layers.checkpointing import block_segments, checkpoint_seq
+from compressor.models.layers.activation_checkpointing import block_segments, checkpoint_seq
 from compressor.models.layers.inplace_abn import InPlaceABN
 from compressor.models.layers.light_pool import run_light_sequential
 from compressor.models.registry import register_model

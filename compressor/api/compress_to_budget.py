@@ -19,7 +19,7 @@ from compressor.budget import Budget, BudgetSearch, LatencySetting
 from compressor.budget.groups import mask_group_filters
 from compressor.budget.measure import search_measures
 from compressor.quantization.recipe import quantization_kind
-from compressor.reports.budget import collapsed
+from compressor.reports.budget_report import collapsed
 from compressor.thinning.transform import probe_batch
 from compressor.thinning.transform import thin as thin_in_place
 from compressor.training.batchnorm import recalibrate_batch_norm

@@ -38,7 +38,7 @@ from compressor.commands.record import open_run
 from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import DatasetSplits
 from compressor.models.inference import inference_copy
-from compressor.reports.budget import (
+from compressor.reports.budget_report import (
     budget_report,
     budget_table,
     plot_pareto,
