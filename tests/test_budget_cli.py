@@ -86,6 +86,19 @@ def test_the_budget_holds_with_its_evidence(budget_run: Path, dense: Path) -> No
 
 
 @pytest.mark.slow
+def test_a_channel_multiple_is_kept_by_every_pruned_layer_and_recorded(dense: Path) -> None:
+    """--channel-multiple 16 on the CPU (8 is CUDA's default, 1 the CPU's): every layer the
+    run thinned keeps a multiple of 16 channels, and budget.json says so."""
+    result = run_cli("--resume-from", str(dense), *BUDGET, "--channel-multiple", "16",
+                     "-o", str(dense.parent.parent), "-n", "multiple")
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads((dense.parent.parent / "multiple" / "budget.json").read_text())
+    assert report["met"] and report["search"]["channel_multiple"] == 16
+    thinned = [row for row in report["layers"] if row["channels_after"] < row["channels_before"]]
+    assert thinned and all(row["channels_after"] % 16 == 0 for row in thinned), thinned
+
+
+@pytest.mark.slow
 def test_the_written_schedule_reruns_to_the_same_channel_counts(budget_run: Path,
                                                                 dense: Path) -> None:
     schedule = budget_run / "budget_schedule.yaml"
@@ -159,7 +172,7 @@ def test_a_budget_needs_trained_weights_and_a_validation_split(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("flag", [("--latency-batch", "8"), ("--max-accuracy-drop", "1"),
-                                  ("--no-kd",)])
+                                  ("--no-kd",), ("--channel-multiple", "8")])
 def test_budget_flags_on_a_checkpoint_that_is_not_a_budget_run_are_refused(
         flag: tuple[str, ...], tmp_path: Path) -> None:
     dense = _untrained(tmp_path / "dense.pth.tar")

@@ -365,3 +365,25 @@ def test_a_group_whose_loss_steepens_past_its_half_keeps_the_channels_beyond_it(
     assert 0 < removed[steep] <= leaders[steep] // 2, removed
     deep = [e for e in search.evaluations.values() if e["phase"] == "deep probe"]
     assert len(deep) == len(groups)
+
+
+def test_a_channel_multiple_keeps_every_pruned_layer_at_a_multiple_of_it() -> None:
+    """With a multiple of 8 (the CUDA default), every candidate keeps multiples of 8 in every
+    layer it prunes (rounding the kept count down), and still meets the budget."""
+    model, inputs = _model("resnet20_cifar", None)
+    search = BudgetSearch(model, inputs[:2], Budget({"macs": 0.5}, channel_multiple=8),
+                          _scorer(inputs), _measure)
+    result = search.run()
+    assert result.met and result.ratios["macs"] <= 0.5
+    candidates = [e for e in search.evaluations.values() if e["phase"] in ("search", "rounded")]
+    assert candidates
+    for entry in candidates:
+        for group, removed in zip(search.groups, entry["removed"], strict=True):
+            kept = group.channels - removed
+            assert removed == 0 or (kept * group.blocks) % 8 == 0, (group.layer, kept)
+    assert any(result.removed), "it pruned"
+    unconstrained = BudgetSearch(model, inputs[:2], Budget({"macs": 0.5}), _scorer(inputs),
+                                 _measure).run()
+    assert any((g.channels - n) % 8 for g, n in zip(unconstrained.groups,
+                                                     unconstrained.removed, strict=True)), \
+        "without the multiple some layer keeps another count (the test would prove nothing)"

@@ -86,7 +86,8 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
                        example_inputs: Any = None, min_keep: float = 0.25,
                        max_accuracy_drop: float | None = None,
                        recalibration_loader: Iterable[Any] | None = None,
-                       recalibration_batches: int = 20) -> BudgetResult:
+                       recalibration_batches: int = 20,
+                       channel_multiple: int = 1) -> BudgetResult:
     """Remove the channels that cost the least accuracy per unit of budget until every budget
     holds, thin the model, then fine-tune it with `train_fn`.
 
@@ -114,6 +115,8 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
             train_fn (strongly advised for models with batch norms: a pruned model scored with
             the dense model's statistics scores near chance).
         recalibration_batches: how many of its batches each re-estimation reads.
+        channel_multiple: every pruned layer keeps a multiple of this many channels (8 suits
+            GPU tensor cores; 1, any count).
 
     Returns:
         A BudgetResult: the model, the achieved fractions, whether every budget (accuracy
@@ -125,6 +128,10 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
             max_accuracy_drop, (int, float)) or not 0 <= max_accuracy_drop <= 100):
         raise UsageError(f"compress_to_budget: max_accuracy_drop={max_accuracy_drop!r}; give "
                          "the top-1 points the budget may cost, between 0 and 100")
+    if isinstance(channel_multiple, bool) or not isinstance(channel_multiple, int) or not (
+            1 <= channel_multiple <= 1024):
+        raise UsageError(f"compress_to_budget: channel_multiple={channel_multiple!r}; give an "
+                         "integer from 1 to 1024 (8 for GPU tensor cores, 1 for any count)")
     score = _recalibrated(_scored(evaluate_fn), recalibration_loader, recalibration_batches)
     if train_fn is not None and not callable(train_fn):
         raise UsageError("compress_to_budget: train_fn is not callable; give a function that "
@@ -137,7 +144,8 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
     setting = (LatencySetting(device=str(model_device(dense))) if "latency" in targets
                else None)
     measure, measure_latencies = search_measures(dense, setting)
-    search = BudgetSearch(dense, probe_batch(dense, 1), Budget(targets, min_keep=min_keep),
+    search = BudgetSearch(dense, probe_batch(dense, 1),
+                          Budget(targets, min_keep=min_keep, channel_multiple=channel_multiple),
                           score, measure, measure_latencies=measure_latencies)
     result = search.run()
     final = copy.deepcopy(dense).train(model.training)

@@ -16,7 +16,8 @@
 3. Bisect the number of channels removed along that ranking to the fewest that meet every
    budget, each candidate thinned and measured (latency timed on the thinned model).
 4. Round each group's kept channels up to a multiple of CHANNEL_MULTIPLE, kept where every
-   budget still holds (hardware-friendly counts, where they pay).
+   budget still holds (hardware-friendly counts, where they pay). With a channel multiple
+   (`--channel-multiple`, 8 on CUDA), every candidate keeps multiples of it in the first place.
 5. Confirm a latency choice by timing it again (the median of three timings must meet the
    aim), else remove more channels along the ranking until one is confirmed.
 
@@ -94,6 +95,9 @@ class Budget:
     # with a 10% floor it emptied blocks to a few channels (0.86 pt lower at 0.3x MACs)
     min_keep: float = 0.25
     accuracy_drop: float | None = None
+    # every pruned layer keeps a multiple of this many channels (GPU kernels run tensor-core
+    # tiles of 8 or more: a width of 61 can be slower than one of 64); 1: any count
+    channel_multiple: int = 1
 
     @property
     def quantities(self) -> tuple[str, ...]:
@@ -389,10 +393,26 @@ class BudgetSearch:
         return chosen
 
     def _counts(self, order: list[int], taken: int) -> tuple[int, ...]:
+        """Each group's removed channels when the first `taken` of the ranking go, its kept
+        count rounded down to the channel multiple."""
         removed = [0] * len(self.groups)
         for index in order[:taken]:
             removed[index] += 1
-        return tuple(removed)
+        return tuple(self._on_multiple(group, count)
+                     for group, count in zip(self.groups, removed, strict=True))
+
+    def _on_multiple(self, group: ChannelGroup, removed: int) -> int:
+        """`removed` with the group's kept channels (of every layer: units x blocks) a multiple
+        of the budget's channel multiple: rounded down (removing more keeps the bisection's
+        order), at least one multiple kept; a group narrower than one multiple is left whole."""
+        multiple = self.budget.channel_multiple
+        step = multiple // math.gcd(multiple, group.blocks)  # in units of `blocks` channels
+        if step <= 1 or removed == 0:
+            return removed
+        if group.channels < step:
+            return 0
+        kept = max(step, (group.channels - removed) // step * step)
+        return group.channels - kept
 
     def run(self) -> SearchResult:
         """Bisect along the ranking to the fewest channels removed that meet every budget (with

@@ -67,6 +67,8 @@ __all__ = ["BudgetRun", "is_budget_run", "run_budget", "SCHEDULE_NAME", "REPORT_
 LOG = logging.getLogger("compressor")
 SCHEDULE_NAME = "budget_schedule.yaml"
 REPORT_NAME = "budget.json"
+# channels a pruned layer keeps a multiple of on CUDA, by default (tensor-core tiles)
+CUDA_CHANNEL_MULTIPLE = 8
 PARETO_NAME = "pareto.png"
 SAVE_EVERY_S = 30.0  # the search checkpoints its cache at first, then at most this often, and
 # at its end: a kill costs at most this much search time
@@ -203,7 +205,8 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
     measure, measure_latencies = search_measures(model, latency, size_scale=size_scale,
                                                  timed=_timed_by_rank0)
     search = BudgetSearch(model, probe_batch(model, 1), Budget(
-        state["targets"], accuracy_drop=state.get("accuracy_drop")), validate, measure,
+        state["targets"], accuracy_drop=state.get("accuracy_drop"),
+        channel_multiple=int(state.get("channel_multiple", 1))), validate, measure,
         state=state, measure_latencies=measure_latencies)
     search.state["recalibration"] = spent  # the search's own state: checkpointed with it
     return search
@@ -257,11 +260,19 @@ def _latency_setting(state: Mapping[str, Any], device: Any) -> LatencySetting | 
                           device=str(device))
 
 
+def channel_multiple(budget: BudgetConfig, device: Any) -> int:
+    """--channel-multiple, else 8 on CUDA (tensor-core tiles) and 1 elsewhere."""
+    if budget.channel_multiple is not None:
+        return budget.channel_multiple
+    return CUDA_CHANNEL_MULTIPLE if str(device).startswith("cuda") else 1
+
+
 def _new_state(run: BudgetRun, setup: RunSetup, ctx: DistContext) -> dict[str, Any]:
     state: dict[str, Any] = {"version": STATE_VERSION, "targets": dict(run.budget.targets),
                              "evaluations": {}, "quantize": run.quantize is not None,
                              "max_drop": run.budget.max_drop, "epochs": run.train.epochs,
                              "accuracy_drop": run.budget.accuracy_drop,
+                             "channel_multiple": channel_multiple(run.budget, ctx.device),
                              "teacher": _teacher(run, setup),
                              "dense_source": _dense_source(setup)}
     if "latency" in run.budget.targets:

@@ -180,6 +180,7 @@ def budget_report(state: Mapping[str, Any], model: nn.Module, final_figures: Map
             "search": {"groups": len(state["groups"]), "evaluations": len(state["evaluations"]),
                        "seconds": float(state.get("search_seconds", 0.0)),
                        "met_before_fine_tune": bool(state.get("search_met")),
+                       "channel_multiple": int(state.get("channel_multiple", 1)),
                        "batch_norm_recalibration": state.get("recalibration")},
             "fine_tune": dict(fine_tune)}
 

@@ -125,6 +125,8 @@ class BudgetConfig:
     # --target-accuracy-drop: the search removes as much of `targets`' one quantity (fraction
     # 1.0) as keeps validation top-1 within this many points of the dense model's
     accuracy_drop: float | None = None
+    # --channel-multiple: pruned layers keep multiples of it (None: 8 on CUDA, 1 on the CPU)
+    channel_multiple: int | None = None
 
 
 @dataclass(frozen=True)
