@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from compressor.reports.budget_report import budget_report, budget_table, collapsed, unmet_line
+from compressor.reports.numbers import significant
 from compressor.training.best import BestEpoch
 from compressor.training.checkpoint import load_checkpoint
 from tests.conftest import assert_user_error, run_cli, run_main, trained_digits
@@ -58,6 +59,15 @@ def test_the_table_names_fractions_as_fractions_and_figures_with_units() -> None
     assert rows["latency"] == ["0.500", "0.450", "4.000 ms", "1.800 ms", "yes"]
     assert rows["size"] == ["0.500", "0.450", "2,000 B", "900 B", "yes"]
     assert "(s)" not in budget_table(report)
+    # the speed on the run's device: faster, or said plainly that it is not
+    for ratio, verdict in ((0.5, "2.00x faster"), (1.05, "NOT faster here")):
+        report["speed"] = {"device": "cuda:0", "batch": 1, "threads": 1, "ratio": ratio,
+                           "dense_seconds": 0.002, "final_seconds": 0.002 * ratio,
+                           "faster": ratio < 1}
+        rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+                for line in budget_table(report).splitlines()[2:]}
+        assert rows["latency on cuda:0, batch 1 (measured)"][1:] == [
+            f"{ratio:.3f}", "2.000 ms", f"{significant(2 * ratio)} ms", verdict]
 
 
 def test_a_model_at_chance_is_never_met_even_with_every_budget_held() -> None:

@@ -94,6 +94,11 @@ def test_a_channel_multiple_is_kept_by_every_pruned_layer_and_recorded(dense: Pa
     assert result.returncode == 0, result.stderr[-3000:]
     report = json.loads((dense.parent.parent / "multiple" / "budget.json").read_text())
     assert report["met"] and report["search"]["channel_multiple"] == 16
+    # the speed on this device, measured though no latency was budgeted, and said plainly
+    speed = report["speed"]
+    assert speed["device"] == "cpu" and speed["batch"] == 1 and speed["ratio"] > 0
+    verdict = "x faster" if speed["faster"] else "NOT faster here"
+    assert "latency on cpu, batch 1 (measured)" in result.stdout and verdict in result.stdout
     thinned = [row for row in report["layers"] if row["channels_after"] < row["channels_before"]]
     assert thinned and all(row["channels_after"] % 16 == 0 for row in thinned), thinned
 

@@ -25,7 +25,7 @@ from torch.utils.data import Subset
 from compressor.assembly.setup import RunSetup
 from compressor.assembly.state import assemble_checkpoint
 from compressor.budget.groups import ChannelGroup
-from compressor.budget.measure import LatencySetting, search_measures
+from compressor.budget.measure import LatencySetting, measure_latencies, search_measures
 from compressor.budget.schedule import budget_schedule, pruning_epochs, schedule_text
 from compressor.budget.search import STATE_VERSION, Budget, BudgetSearch
 from compressor.commands.common import (
@@ -202,12 +202,12 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
             spent["candidates"] += 1
         return score(inference_copy(work))  # frozen while scored: the faster form
 
-    measure, measure_latencies = search_measures(model, latency, size_scale=size_scale,
-                                                 timed=_timed_by_rank0)
+    measure, time_together = search_measures(model, latency, size_scale=size_scale,
+                                             timed=_timed_by_rank0)
     search = BudgetSearch(model, probe_batch(model, 1), Budget(
         state["targets"], accuracy_drop=state.get("accuracy_drop"),
         channel_multiple=int(state.get("channel_multiple", 1))), validate, measure,
-        state=state, measure_latencies=measure_latencies)
+        state=state, measure_latencies=time_together)
     search.state["recalibration"] = spent  # the search's own state: checkpointed with it
     return search
 
@@ -258,6 +258,27 @@ def _latency_setting(state: Mapping[str, Any], device: Any) -> LatencySetting | 
         return None
     return LatencySetting(batch=int(recorded["batch"]), threads=int(recorded["threads"]),
                           device=str(device))
+
+
+def _speed(state: Mapping[str, Any], model: nn.Module, final_figures: Mapping[str, float]
+           ) -> dict[str, Any]:
+    """How fast the final model runs against the dense one on the run's device: the latency
+    budget's own timing, or (without one) the two timed in alternation at batch 1."""
+    device = next(model.parameters()).device
+    if "latency" in final_figures:
+        setting = _latency_setting(state, device)
+        assert setting is not None
+        ratio = float(final_figures["latency"]) / float(state["dense_figures"]["latency"])
+        dense_seconds = float(state["dense_figures"]["latency"])
+    else:
+        setting = LatencySetting(device=str(device))
+        dense = _rebuild_dense(state["dense_source"], device)
+        seconds, dense_seconds = _timed_by_rank0(
+            lambda: measure_latencies([model], setting, dense))
+        ratio = float(seconds[0]) / float(dense_seconds)
+    return {"device": str(device), "batch": setting.batch, "threads": setting.threads,
+            "dense_seconds": float(dense_seconds), "final_seconds": ratio * float(dense_seconds),
+            "ratio": ratio, "faster": ratio < 1.0}
 
 
 def channel_multiple(budget: BudgetConfig, device: Any) -> int:
@@ -356,7 +377,7 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
                      "quantized": run.quantize is not None,
                      "model_epoch": results["model_epoch"]}
         report = budget_report(state, model, final_figures, scores, setup.arch, setup.dataset,
-                               fine_tune)
+                               fine_tune, speed=_speed(state, model, final_figures))
         # the other ranks write nothing: no model figures (seconds) for them
         results = opened.finish(model, {**results, "budget_met": report["met"]})
         if ctx.is_main:

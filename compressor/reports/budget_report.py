@@ -62,6 +62,13 @@ def budget_table(report: Mapping[str, Any]) -> str:
         met = "-" if floor is None else "yes" if drop <= floor else "NO"
         rows.append([f"val top-1 drop, {kind} (pts)", "-" if floor is None else f"{floor:.2f}",
                      f"{drop:.2f}", f"{accuracy['dense_val_top1']:.2f}", f"{final:.2f}", met])
+    speed = report.get("speed")
+    if speed:  # measured on the run's device whatever the budget: faster there, or not
+        verdict = (f"{1 / speed['ratio']:.2f}x faster" if speed["faster"]
+                   else "NOT faster here")
+        rows.append([f"latency on {speed['device']}, batch {speed['batch']} (measured)",
+                     "", f"{speed['ratio']:.3f}", _figure("latency", speed["dense_seconds"]),
+                     _figure("latency", speed["final_seconds"]), verdict])
     model = accuracy.get("model", "float")
     rows.append([f"test top-1, {model}{shown_epoch} (%)", "", "",
                  f"{report['dense_test_top1']:.2f}", f"{report['final_test_top1']:.2f}",
@@ -139,7 +146,8 @@ def _drop_met(drop: float, floor: float | None) -> bool | None:
 
 def budget_report(state: Mapping[str, Any], model: nn.Module, final_figures: Mapping[str, float],
                   scores: Mapping[str, Any], arch: str, dataset: str,
-                  fine_tune: Mapping[str, Any]) -> dict[str, Any]:
+                  fine_tune: Mapping[str, Any],
+                  speed: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """budget.json of a budget run: its search state, final model and figures as plain data.
 
     `scores`: `val_top1` and `test_top1` of the float model after the fine-tune (its best
@@ -182,7 +190,7 @@ def budget_report(state: Mapping[str, Any], model: nn.Module, final_figures: Map
                        "met_before_fine_tune": bool(state.get("search_met")),
                        "channel_multiple": int(state.get("channel_multiple", 1)),
                        "batch_norm_recalibration": state.get("recalibration")},
-            "fine_tune": dict(fine_tune)}
+            "fine_tune": dict(fine_tune), "speed": dict(speed) if speed else None}
 
 
 def unmet_line(report: Mapping[str, Any], run_dir: Path) -> str:
