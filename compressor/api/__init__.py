@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from compressor.api.batchnorm import recalibrate_batch_norm
+    from compressor.api.budget_compression import BudgetResult, compress_to_budget
     from compressor.api.checkpoint import load_model, save_checkpoint
-    from compressor.api.compress_to_budget import BudgetResult, compress_to_budget
     from compressor.api.distillation import DistillationLoss
     from compressor.api.evaluation import evaluate
     from compressor.api.export import export_onnx
@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 # public name -> the module of this package that defines (or re-exports) it
 _HOMES = {
     "compression_scheduler": "schedule", "CompressionScheduler": "schedule", "thin": "thinning",
-    "quantize_int8": "quantize", "compress_to_budget": "compress_to_budget",
-    "BudgetResult": "compress_to_budget",
+    "quantize_int8": "quantize", "compress_to_budget": "budget_compression",
+    "BudgetResult": "budget_compression",
     "DistillationLoss": "distillation", "export_onnx": "export",
     "save_checkpoint": "checkpoint", "load_model": "checkpoint", "evaluate": "evaluation",
     "recalibrate_batch_norm": "batchnorm",
