@@ -26,7 +26,8 @@ from compressor.thinning.thin import find_thinning
 from tests.conftest import run_cli, trained_like_batchnorms
 from tests.fixtures import coupled_nets
 
-FIXTURES = ("AllFourNet", "SEInvertedResidualNet", "DenseGroupedNet", "LayerScaleNet")
+FIXTURES = ("AllFourNet", "SEInvertedResidualNet", "DenseGroupedNet", "LayerScaleNet",
+            "RepBranchNet")
 CODE = Path(coupled_nets.__file__).resolve()
 COMMON = ("-j", "0", "-p", "0", "-b", "32", "--deterministic")
 SPLITS = ("--etrs", "0.05", "--etes", "0.1", "--evs", "0.2")
@@ -153,6 +154,33 @@ def test_layer_scale_channels_are_sliced_with_their_stream() -> None:
         torch.testing.assert_close(rebuilt.eval()(inputs), masked, atol=1e-5, rtol=1e-5)
 
 
+def test_identity_branch_norms_are_masked_with_the_stream_and_thin_exactly() -> None:
+    """RepVGG's identity batch norm passes the stream's channels: masked with the filters
+    (weight and bias), a pruned channel stays zero through it, so the stream is one group and
+    its thinned model computes what the masked one did; the budget's schedule names the norms
+    and its pruner keeps them masked while fine-tuning."""
+    import compressor as cz
+    from compressor.budget.schedule import budget_schedule
+
+    model, inputs = _model("RepBranchNet")
+    stream = next(g for g in prunable_groups(model, inputs) if g.layer == "stem.0")
+    assert set(stream.norms) >= {"blocks.0.identity", "blocks.1.identity", "blocks.2.identity"}
+    masked, thinned = _masked_and_thinned(copy.deepcopy(model), inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
+    assert thinned.blocks[1].identity.num_features == 8
+    schedule = budget_schedule([stream], [8], epochs=2)
+    pruner = next(iter(schedule["pruners"].values()))
+    assert pruner["norms"] == list(stream.norms)
+    schedule["extensions"] = {}  # the masks alone (thinning is tested above)
+    schedule["policies"] = [p for p in schedule["policies"] if "pruner" in p]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = cz.compression_scheduler(schedule, model, optimizer, example_inputs=inputs)
+    scheduler.on_epoch_begin(0)
+    identity = model.blocks[1].identity
+    assert int((identity.weight == 0).sum()) == 8 and int((identity.bias == 0).sum()) == 8
+
+
 def test_a_recipe_naming_a_missing_parameter_is_refused() -> None:
     from compressor.utils.errors import CheckpointError
 
@@ -197,3 +225,18 @@ def test_the_cli_meets_half_the_macs_on_the_all_four_model(dense: Path) -> None:
     assert layers["grouped.0"]["channels_before"] == 64  # the grouped convolution's filters
     for row in report["layers"]:
         assert row["channels_after"] == row["channels_before"] - row["removed_chosen"]
+
+
+def test_a_schedule_naming_a_norm_the_model_lacks_is_one_line() -> None:
+    import compressor as cz
+    from compressor.utils.errors import ScheduleError
+
+    model, inputs = _model("RepBranchNet")
+    schedule = {"version": 1, "pruners": {"p": {
+        "class": "L1RankedStructureParameterPruner", "group_type": "Filters",
+        "desired_sparsity": 0.5, "weights": ["stem.0.weight"], "norms": ["blocks.0.nope"]}},
+        "policies": [{"pruner": {"instance_name": "p"}, "epochs": [0]}]}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ScheduleError, match="norms names 'blocks.0.nope', which is no batch "
+                                            "norm of 16 channels"):
+        cz.compression_scheduler(schedule, model, optimizer, example_inputs=inputs)

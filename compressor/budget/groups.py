@@ -52,6 +52,10 @@ class ChannelGroup:
     channels: int
     members: tuple[tuple[str, str], ...] = ()
     blocks: int = 1
+    # batch norms the channels pass through (RepVGG's identity branch, a pre-activation norm):
+    # their weight and bias are masked with the filters, so a pruned channel carries zeros
+    # through them too, not their shift (which a padded convolution would spread unevenly)
+    norms: tuple[str, ...] = ()
 
     def unit_channels(self, units: Tensor) -> Tensor:
         """The channel indices of `units` (every block's channel of each unit)."""
@@ -72,14 +76,15 @@ class ChannelGroup:
     def to_state(self) -> dict[str, Any]:
         """Plain values for a checkpoint."""
         return {"weights": list(self.weights), "channels": self.channels,
-                "members": [list(m) for m in self.members], "blocks": self.blocks}
+                "members": [list(m) for m in self.members], "blocks": self.blocks,
+                "norms": list(self.norms)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ChannelGroup:
         """The group to_state recorded."""
         return cls(tuple(state["weights"]), int(state["channels"]),
                    tuple((m[0], m[1]) for m in state.get("members", ())),
-                   int(state.get("blocks", 1)))
+                   int(state.get("blocks", 1)), tuple(state.get("norms", ())))
 
 
 def _blocks(group: Any, graph: Any) -> int | None:
@@ -148,7 +153,9 @@ def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
             continue
         seen.add(weights)
         roles = tuple(dict.fromkeys((names[m], role) for m, role in members))
-        found.append(ChannelGroup(weights, sizes.pop() // blocks, roles, blocks))
+        norms = tuple(dict.fromkeys(names[m] for m, role in members if role == "through"
+                                    and isinstance(m, nn.modules.batchnorm._BatchNorm)))
+        found.append(ChannelGroup(weights, sizes.pop() // blocks, roles, blocks, norms))
     return found
 
 
@@ -181,6 +188,10 @@ def _masked_modules(model: nn.Module, group: ChannelGroup,
         modules.append(model.get_submodule(layer_name))
         if batchnorms.get(layer_name):
             modules.append(model.get_submodule(str(batchnorms[layer_name])))
+    for name in group.norms:
+        norm = model.get_submodule(name)
+        if all(norm is not module for module in modules):
+            modules.append(norm)
     return modules
 
 

@@ -47,6 +47,8 @@ def _pruner(group: ChannelGroup, fraction: float, steps: int) -> dict[str, Any]:
         entry["group_dependency"] = "Leader"
     if group.blocks > 1:
         entry["channel_groups"] = group.blocks  # whole units, as the search chose them
+    if group.norms:
+        entry["norms"] = list(group.norms)  # batch norms the pruned channels pass through
     return entry
 
 

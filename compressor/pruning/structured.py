@@ -35,13 +35,16 @@ class StructurePruner(LevelPruner):
 
     def __init__(self, name: str, weights: Sequence[str], *, group_type: str,
                  block_shape: Sequence[int] = (1, 1, 1, 1), level: float | None = None,
-                 initial_sparsity: float | None = None, final_sparsity: float | None = None
-                 ) -> None:
+                 initial_sparsity: float | None = None, final_sparsity: float | None = None,
+                 norms: Sequence[str] = ()) -> None:
         super().__init__(name, weights, level=level, initial_sparsity=initial_sparsity,
                          final_sparsity=final_sparsity)
         self.group_type = group_type
         self.block_shape = tuple(block_shape)
         self._bn_of: dict[str, str | None] | None = None
+        # batch norms the pruned channels pass through (not after a pruned layer: RepVGG's
+        # identity branch): masked with the first weight's filters
+        self.norms = tuple(norms)
 
     def attach(self, model: nn.Module) -> None:
         """Filter (row) pruners find their batch norms now: an untraceable model fails at load."""
@@ -93,6 +96,12 @@ class StructurePruner(LevelPruner):
                 param = params.get(key)
                 if param is not None and param.shape == keep.shape:
                     coupled[key] = keep.to(param.device, param.dtype)
+        if self.norms:
+            keep = masks[self.weights[0]].detach().flatten(1).amax(dim=1)
+            for key in (f"{norm}.{attr}" for norm in self.norms for attr in ("weight", "bias")):
+                param = params.get(key)
+                if param is not None and param.shape == keep.shape:
+                    coupled[key] = keep.to(param.device, param.dtype)
         return coupled
 
 
@@ -111,10 +120,11 @@ class RankedStructurePruner(StructurePruner):
     def __init__(self, name: str, weights: Sequence[str], *, group_type: str, norm: int = 1,
                  group_dependency: str | None = None, block_shape: Sequence[int] = (1, 1, 1, 1),
                  level: float | None = None, initial_sparsity: float | None = None,
-                 final_sparsity: float | None = None, channel_groups: int = 1) -> None:
+                 final_sparsity: float | None = None, channel_groups: int = 1,
+                 norms: Sequence[str] = ()) -> None:
         super().__init__(name, weights, group_type=group_type, block_shape=block_shape,
                          level=level, initial_sparsity=initial_sparsity,
-                         final_sparsity=final_sparsity)
+                         final_sparsity=final_sparsity, norms=norms)
         self.norm = norm
         self.group_dependency = group_dependency
         self.channel_groups = channel_groups

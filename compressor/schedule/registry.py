@@ -100,6 +100,24 @@ def _channel_groups(reader: EntryReader, resolver: ParamResolver, weights: list[
     return blocks
 
 
+def _norms(reader: EntryReader, resolver: ParamResolver, weights: list[str],
+           group_type: str) -> tuple[str, ...]:
+    """norms: batch norms the pruned filters' channels pass through, masked with them."""
+    norms = reader.raw("norms", [])
+    if not isinstance(norms, list) or not all(isinstance(n, str) for n in norms):
+        reader.fail(f"norms {shown(norms)} is not a list of batch-norm names",
+                    "write norms: [stage.block.identity, ...]")
+    if norms and group_type != "Filters":
+        reader.fail("norms is only used with group_type Filters", "remove it")
+    channels = resolver.params[weights[0]].shape[0] if weights else None
+    for name in norms:
+        weight = resolver.params.get(f"{name}.weight")
+        if weight is None or weight.dim() != 1 or weight.shape[0] != channels:
+            reader.fail(f"norms names '{name}', which is no batch norm of {channels} channels "
+                        "in this model", "name the norms the pruned channels pass through")
+    return tuple(norms)
+
+
 def _ranked(norm: int, agp: bool, cls: type[RankedStructurePruner] = RankedStructurePruner
             ) -> Builder:
     def build(name: str, reader: EntryReader, resolver: ParamResolver) -> RankedStructurePruner:
@@ -109,7 +127,10 @@ def _ranked(norm: int, agp: bool, cls: type[RankedStructurePruner] = RankedStruc
         dependency = reader.choice("group_dependency", ("Leader",), None)
         weights = _weights(reader, resolver, group_type, block_shape)
         blocks = _channel_groups(reader, resolver, weights, group_type)
-        extra = {"channel_groups": blocks} if blocks > 1 else {}
+        extra: dict[str, Any] = {"channel_groups": blocks} if blocks > 1 else {}
+        norms = _norms(reader, resolver, weights, group_type)
+        if norms:
+            extra["norms"] = norms
         return cls(name, weights, group_type=group_type, norm=norm,
                    group_dependency=dependency, block_shape=block_shape, **levels, **extra)
     return build
