@@ -37,7 +37,7 @@ from compressor.models.description import (
 from compressor.quantization.core.errors import MissingStatisticsError, QuantizationError
 from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.recipe import QUANTIZATION, quantization_kind
-from compressor.reports.metrics import is_quantized, weight_sparsity
+from compressor.reports.metrics import holds_integer_weights, weight_sparsity
 from compressor.training.checkpoint import save_checkpoint
 from compressor.utils.config import LoaderConfig, QuantizeConfig
 
@@ -343,7 +343,7 @@ def run_quantization(model: nn.Module, config: QuantizeConfig, calibration: Cali
         return _calibrate_only(model, config, calibration, loader.batch_size, setup.seed,
                                run_dir), model
     # the pruned share, read before rounding makes small weights zero too
-    pruned = None if is_quantized(model) else weight_sparsity(model)
+    pruned = None if holds_integer_weights(model) else weight_sparsity(model)
     quantized = prepare_quantized_model(model, config, calibration, loader.batch_size, setup.seed,
                                         source)
     test = evaluate_fn(quantized.evaluated)

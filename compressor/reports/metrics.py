@@ -17,11 +17,11 @@ import torch
 from torch import Tensor, nn
 
 from compressor.models.description import description_of
-from compressor.quantization.recipe import QUANTIZATION
+from compressor.quantization.recipe import quantization_kind
 
 __all__ = [
     "LayerCost", "weight_tensors", "layer_costs", "count_macs", "model_file_size",
-    "model_metrics", "probe_input", "is_quantized", "weight_sparsity",
+    "model_metrics", "probe_input", "holds_integer_weights", "weight_sparsity",
 ]
 
 COMPUTE_LAYERS = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
@@ -123,10 +123,11 @@ def model_file_size(model: nn.Module) -> tuple[int, int]:
     return len(data), len(compressor.compress(data) + compressor.flush())
 
 
-def is_quantized(model: nn.Module) -> bool:
-    """Whether `model` holds quantized weights (simulated or int8 kernels)."""
+def holds_integer_weights(model: nn.Module) -> bool:
+    """Whether `model` is post-training quantized (simulated or int8 kernels): its weights are
+    integers, where a quantization-aware-trained model's are still float."""
     try:
-        return description_of(model).recipe(QUANTIZATION) is not None
+        return quantization_kind(description_of(model)) == "post_train"
     except ValueError:  # a model compressor did not describe: a float model of one's own
         return False
 
@@ -148,7 +149,7 @@ def model_metrics(model: nn.Module, checkpoint_path: str | os.PathLike | None = 
     sparsity (a run that quantizes reports the float model's `sparsity` itself)."""
     from compressor.models.description import stored_form
 
-    quantized = is_quantized(model)
+    quantized = holds_integer_weights(model)
     model = stored_form(model)
     params = {name: param.detach() for name, param in model.named_parameters()}
     total = sum(p.numel() for p in params.values())
