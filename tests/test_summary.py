@@ -75,3 +75,15 @@ def test_model_summary_and_bad_kind():
     assert "SimpleNetDigits" in text and "MACs" in text and "1x8x8" in text
     with pytest.raises(UsageError, match="sparsity, compute, model, modules"):
         print_summary(model, "png")
+
+
+@pytest.mark.parametrize("kind,key", [("qat", "sparsity"), ("post_train", "quantized_zero_weights")])
+def test_only_integer_weights_report_zeros_as_rounded(kind: str, key: str) -> None:
+    """A quantization-aware-trained model's weights are float: their zeros are a sparsity; a
+    post-training quantized model's are integers, whose zeros rounding made too."""
+    from compressor.models.description import describe
+
+    model = create_model("simplenet_digits", "digits")
+    describe(model, description_of(model).with_transform("quantization", {"kind": kind}))
+    metrics = model_metrics(model)
+    assert key in metrics and ({"sparsity", "quantized_zero_weights"} - {key}).isdisjoint(metrics)
