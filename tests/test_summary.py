@@ -77,7 +77,8 @@ def test_model_summary_and_bad_kind():
         print_summary(model, "png")
 
 
-@pytest.mark.parametrize("kind,key", [("qat", "sparsity"), ("post_train", "quantized_zero_weights")])
+@pytest.mark.parametrize("kind,key", [("qat", "sparsity"),
+                                      ("post_train", "quantized_zero_weights")])
 def test_only_integer_weights_report_zeros_as_rounded(kind: str, key: str) -> None:
     """A quantization-aware-trained model's weights are float: their zeros are a sparsity; a
     post-training quantized model's are integers, whose zeros rounding made too."""
