@@ -165,7 +165,6 @@ def save_checkpoint(model: nn.Module, path: str | os.PathLike[str], *, arch: str
                               f"one's weights and recipes ({exc}); name the code that built it "
                               "(e.g. 'torchvision.models:resnet18' for torchvision's own)"
                               ) from None
-    final = final.with_class_names(names)
     describe(model, final)
     record: dict[str, Any] = final.to_record()
     if spec.source:

@@ -111,8 +111,9 @@ def name_classes(model: nn.Module, class_names: Sequence[str]) -> None:
 def run_record(arguments: Mapping[str, Any], setup: RunSetup,
                class_names: tuple[str, ...]) -> dict[str, Any]:
     """The resolved arguments: args.yaml, and the checkpoint's `args`."""
-    record = {**arguments, **setup.description.to_record(), "seed": setup.seed,
-              "class_names": list(class_names) or list(setup.description.class_names)}
+    record = {**arguments, **setup.description.to_record(), "seed": setup.seed}
+    if class_names:  # the run's data names them (the description's, from to_record, else)
+        record["class_names"] = list(class_names)
     if setup.model.pretrained_source is not None:
         record["pretrained_source"] = setup.model.pretrained_source.to_dict()
     elif isinstance((setup.checkpoint or {}).get("args"), Mapping):
