@@ -88,7 +88,7 @@ def run_post_training_config(source: Path, arch: str, pristine: dict[str, torch.
                              ) -> None:
     """Distiller's post-training YAML (-e --qe --qe-config-file): its stats file, one evaluation."""
     from compressor.commands.quantize import prepare_quantized_model
-    from compressor.utils.config import QuantizeConfig
+    from compressor.quantization.request import QuantizeRequest
 
     if arch not in pristine:
         torch.manual_seed(0)
@@ -97,7 +97,7 @@ def run_post_training_config(source: Path, arch: str, pristine: dict[str, torch.
     spec = description_of(model).input_spec
     torch.manual_seed(1)
     images = torch.randn(2, *spec.input_size)
-    quantized = prepare_quantized_model(model, QuantizeConfig(quantize=True, config_file=source),
+    quantized = prepare_quantized_model(model, QuantizeRequest(quantize=True, config_file=source),
                                         lambda: [], 2, 0, str(source))
     assert quantized.facts["stats_source"].endswith("resnet18_quant_stats.yaml")
     with torch.no_grad():

@@ -17,10 +17,10 @@ from compressor.models.layers.eltwise import Concat, EltwiseAdd, EltwiseMult
 from compressor.quantization.core.errors import QuantizationError
 from compressor.quantization.core.settings import settings_from_args
 from compressor.quantization.int8.convert import convert_to_int8, kernels_saturate
+from compressor.quantization.request import QuantizeRequest
 from compressor.quantization.simulated.graph import explicit_graph
 from compressor.quantization.simulated.post_train import PostTrainLinearQuantizer
 from compressor.quantization.statistics.collect import collect_stats
-from compressor.utils.config import QuantizeConfig
 from tests.conftest import run_cli, trained_like_batchnorms
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -180,9 +180,9 @@ def test_a_model_fx_cannot_trace_is_quantized_by_modules_or_refused_for_int8() -
 
     describe(model, ModelDescription("x", "synthetic", 4, InputSpec((3, 8, 8), 8, 8,
                                                                       (0.5,) * 3, (0.5,) * 3)))
-    assert quantization_graph(model, QuantizeConfig(quantize=True), "m") is model
+    assert quantization_graph(model, QuantizeRequest(quantize=True), "m") is model
     with pytest.raises(QuantizationError) as info:
-        quantization_graph(model, QuantizeConfig(quantize=True, convert=True), "m")
+        quantization_graph(model, QuantizeRequest(quantize=True, convert=True), "m")
     message = str(info.value)
     assert "\n" not in message and "torch.fx cannot trace" in message
     assert "drop it to evaluate the model simulated" in message

@@ -147,3 +147,44 @@ def test_n_std_needs_its_count_per_layer() -> None:
     s = settings_from_args({"overrides": {"fc": {"clip_acts": "N_STD"}}}, "q")
     with pytest.raises(QuantizationError, match="layer 'fc'.*clip_n_stds"):
         resolve_layers(_Net(), s)
+
+
+def test_one_settings_type_for_flags_yaml_and_api() -> None:
+    """The --qe-* flags, a YAML quantizer and quantize_int8 give the same QuantSettings."""
+    from dataclasses import fields, replace
+
+    import torch
+
+    from compressor.api.quantize import quantize_int8
+    from compressor.cli.configs import quantize_request
+    from compressor.cli.parser import parse_args
+    from compressor.models.description import description_of
+    from compressor.quantization.recipe import QUANTIZATION
+    from compressor.quantization.request import QuantizeRequest
+
+    # the request adds the step; it repeats none of the settings
+    assert not {f.name for f in fields(QuantizeRequest)} & {f.name for f in fields(QuantSettings)}
+    args = parse_args(["-a", "simplenet_digits", "--dataset", "digits", "-e", "--qe",
+                       "--qe-mode-acts", "ASYMMETRIC_UNSIGNED", "--qe-mode-wts", "sym",
+                       "--qe-clip-acts", "AVG", "--qe-per-channel", "--qe-bits-accum", "32",
+                       "--qenql", "module.fc"])
+    request = quantize_request(args)
+    yaml_quantizer = settings_from_args({
+        "bits_activations": 8, "bits_parameters": 8, "bits_accum": 32,
+        "mode": {"activations": "asym_u", "weights": "SYMMETRIC"}, "clip_acts": "avg",
+        "per_channel_wts": True,
+        "overrides": {"fc": {"bits_activations": None, "bits_weights": None, "bits_bias": None}}},
+        "a schedule's quantizer")
+    assert isinstance(request.settings, QuantSettings) and request.quantize
+    assert request.settings == yaml_quantizer
+
+    model = _Net().eval()
+    images = [torch.randn(4, 3, 8, 8) for _ in range(2)]
+    int8 = quantize_int8(model, images, mode="ASYMMETRIC_UNSIGNED", clip="AVG", per_channel=True,
+                         backend="x86")
+    saved = QuantSettings.from_recipe(description_of(int8).recipe(QUANTIZATION)["settings"])
+    api_flags = quantize_request(parse_args(
+        ["-a", "simplenet_digits", "--dataset", "digits", "-e", "--qe", "--qe-mode", "asym_u",
+         "--qe-clip-acts", "avg", "--qe-per-channel"])).settings
+    # reduce_range is this CPU's kernels' need (7-bit activations without VNNI), not a choice
+    assert saved == replace(api_flags, reduce_range=saved.reduce_range)

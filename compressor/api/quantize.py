@@ -27,7 +27,6 @@ from compressor.quantization import (
     QuantSettings,
     collect_stats,
     settings_from_args,
-    with_layer_overrides,
 )
 from compressor.quantization.core.errors import unknown_choice
 from compressor.quantization.int8.convert import (
@@ -37,8 +36,8 @@ from compressor.quantization.int8.convert import (
 )
 from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.recipe import QUANTIZATION, int8_model, quantization_kind
+from compressor.quantization.request import QuantizeRequest
 from compressor.quantization.simulated.graph import explicit_graph
-from compressor.utils.config import QuantizeConfig
 from compressor.utils.errors import UsageError
 from compressor.utils.vocabulary import (
     CLIP_MODE_NAMES,
@@ -47,7 +46,7 @@ from compressor.utils.vocabulary import (
     quant_mode_name,
 )
 
-__all__ = ["quantize_int8", "MODE_NAMES", "CLIP_MODES", "settings_from_config",
+__all__ = ["quantize_int8", "MODE_NAMES", "CLIP_MODES",
            "kernel_settings", "quantization_graph", "post_train", "convert_int8"]
 
 LOG = logging.getLogger("compressor")
@@ -57,27 +56,7 @@ CLIP_MODES = CLIP_MODE_NAMES  # --qe-clip-acts's names (ClipMode's members, lowe
 CALIBRATION_SOURCE = "the calibration loader's first batch"
 
 
-def _bits(value: int) -> int | None:
-    return value or None  # Distiller: 0 bits keep the tensor in float
-
-
-def settings_from_config(config: QuantizeConfig) -> QuantSettings:
-    """QuantSettings of a QuantizeConfig (the --qe-* flags; --qencl / --qenql as exact-name
-    overrides)."""
-    args: dict[str, Any] = {
-        "bits_activations": _bits(config.bits_acts), "bits_weights": _bits(config.bits_wts),
-        "bits_accum": config.bits_accum,
-        "mode": {"activations": MODE_NAMES[config.mode_acts],
-                 "weights": MODE_NAMES[config.mode_wts]},
-        "clip_acts": config.clip_acts.upper(), "per_channel_wts": config.per_channel}
-    if config.clip_n_stds is not None:
-        args["clip_n_stds"] = config.clip_n_stds
-    settings = settings_from_args(args, "the --qe-* flags")
-    return with_layer_overrides(settings, no_quant=config.no_quant_layers,
-                                no_clip=config.no_clip_layers)
-
-
-def kernel_settings(settings: QuantSettings, config: QuantizeConfig) -> QuantSettings:
+def kernel_settings(settings: QuantSettings, config: QuantizeRequest) -> QuantSettings:
     """The settings to quantize with: with reduce_range where int8 conversion is asked for and
     this CPU's kernels need it, so the simulation computes what the kernels will."""
     if config.convert and not settings.reduce_range and kernels_saturate(config.backend):
@@ -87,7 +66,7 @@ def kernel_settings(settings: QuantSettings, config: QuantizeConfig) -> QuantSet
     return settings
 
 
-def quantization_graph(model: nn.Module, config: QuantizeConfig, source: str) -> nn.Module:
+def quantization_graph(model: nn.Module, config: QuantizeRequest, source: str) -> nn.Module:
     """The float model as the graph quantization follows (compressor.quantization.simulated.graph:
     functional adds, multiplies and concatenations as named modules); where torch.fx cannot
     trace it, the model itself (its modules are quantized, functional ops stay float) and int8
@@ -207,9 +186,10 @@ def quantize_int8(model: nn.Module, calibration_loader: Iterable[Any], *, mode: 
                "it was trained quantization-aware: save it with save_checkpoint and convert it "
                "with compress_classifier.py -e --qe --qe-convert-pytorch --resume-from CKPT")
         raise UsageError(f"quantize_int8 quantizes a float model, and {fix}")
-    config = QuantizeConfig(quantize=True, convert=True, backend=backend, mode_acts=mode,
-                            mode_wts=mode, clip_acts=clip, per_channel=bool(per_channel))
-    settings = kernel_settings(settings_from_config(config), config)
+    settings = settings_from_args({"mode": mode, "clip_acts": clip,
+                                   "per_channel_wts": bool(per_channel)}, "quantize_int8")
+    config = QuantizeRequest(settings=settings, quantize=True, convert=True, backend=backend)
+    settings = kernel_settings(settings, config)
     float_model = copy.deepcopy(model)
     int8_placement(float_model)  # calibration and conversion run where the kernels do
     graph = quantization_graph(float_model, config, description.arch)

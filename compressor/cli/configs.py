@@ -11,13 +11,18 @@ from compressor.cli.budget_args import budget_config, budget_only_flags
 from compressor.cli.checks import quantization_requested
 from compressor.cli.request import ActionRequest, MemoryRequest, RunOptions, RunRequest
 from compressor.data.folder import folder_num_classes, infer_dataset
+from compressor.quantization.core.settings import (
+    QuantSettings,
+    settings_from_args,
+    with_layer_overrides,
+)
+from compressor.quantization.request import QuantizeRequest
 from compressor.utils.config import (
     DataConfig,
     DistillationConfig,
     LoaderConfig,
     ModelRequest,
     OptimizerConfig,
-    QuantizeConfig,
     ReportConfig,
     TrainConfig,
 )
@@ -25,7 +30,7 @@ from compressor.utils.dataset_table import FOLDER
 from compressor.utils.precision import Precision
 
 __all__ = ["run_request", "model_request", "optimizer_config", "loader_config", "train_config",
-           "quantize_config", "data_config", "is_training", "args_record",
+           "quantize_request", "quantize_settings", "data_config", "is_training", "args_record",
            "distillation_config"]
 
 
@@ -94,16 +99,26 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        precision=Precision(amp=args.amp, channels_last=args.channels_last))
 
 
-def quantize_config(args: argparse.Namespace) -> QuantizeConfig:
-    """The --qe* flags."""
-    return QuantizeConfig(
-        quantize=args.quantize_eval, convert=args.qe_convert_pytorch,
-        backend=args.qe_pytorch_backend, mode_acts=args.qe_mode_acts or args.qe_mode,
-        mode_wts=args.qe_mode_wts or args.qe_mode, bits_acts=args.qe_bits_acts,
-        bits_wts=args.qe_bits_wts, bits_accum=args.qe_bits_accum, clip_acts=args.qe_clip_acts,
-        clip_n_stds=args.qe_clip_n_stds, per_channel=args.qe_per_channel,
-        no_clip_layers=tuple(args.qe_no_clip_layers),
-        no_quant_layers=tuple(args.qe_no_quant_layers),
+def quantize_settings(args: argparse.Namespace) -> QuantSettings:
+    """The --qe-* flags as Distiller's quantizer arguments, read as the YAML's are (--qencl /
+    --qenql as exact-name overrides before any other)."""
+    flags: dict[str, Any] = {
+        "bits_activations": args.qe_bits_acts, "bits_weights": args.qe_bits_wts,
+        "bits_accum": args.qe_bits_accum,
+        "mode": {"activations": args.qe_mode_acts or args.qe_mode,
+                 "weights": args.qe_mode_wts or args.qe_mode},
+        "clip_acts": args.qe_clip_acts, "clip_n_stds": args.qe_clip_n_stds,
+        "per_channel_wts": args.qe_per_channel}
+    settings = settings_from_args(flags, "the --qe-* flags")
+    return with_layer_overrides(settings, no_quant=tuple(args.qe_no_quant_layers),
+                                no_clip=tuple(args.qe_no_clip_layers))
+
+
+def quantize_request(args: argparse.Namespace) -> QuantizeRequest:
+    """The --qe* flags: the step and its settings."""
+    return QuantizeRequest(
+        settings=quantize_settings(args), quantize=args.quantize_eval,
+        convert=args.qe_convert_pytorch, backend=args.qe_pytorch_backend,
         calibration=args.qe_calibration, calibration_split=args.qe_calibration_split,
         stats_file=_path(args.qe_stats_file),
         dynamic=args.qe_dynamic, config_file=_path(args.qe_config_file))
@@ -143,7 +158,7 @@ def run_request(args: argparse.Namespace) -> RunRequest:
         model=model_request(args), train=train_config(args), data=data_config(args, training),
         eval_data=data_config(args, training=False), optimizer=optimizer_config(args),
         budget=budget_config(args),
-        quantize=quantize_config(args) if quantization_requested(args) else None,
+        quantize=quantize_request(args) if quantization_requested(args) else None,
         distillation=distillation_config(args), run=run,
         memory=MemoryRequest(args.memory_efficient, args.memory_budget), action=action,
         arguments=args_record(args), budget_only_flags=tuple(budget_only_flags(args)))

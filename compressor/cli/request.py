@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from compressor.quantization.request import QuantizeRequest
 from compressor.utils.config import (
     BudgetConfig,
     DataConfig,
     DistillationConfig,
     ModelRequest,
     OptimizerConfig,
-    QuantizeConfig,
     TrainConfig,
 )
 
@@ -77,7 +77,7 @@ class RunRequest:
     eval_data: DataConfig  # the test split alone (export samples, calibration sources)
     optimizer: OptimizerConfig
     budget: BudgetConfig
-    quantize: QuantizeConfig | None  # None without a --qe* flag
+    quantize: QuantizeRequest | None  # None without a --qe* flag
     distillation: DistillationConfig | None  # None without a --kd-* flag
     run: RunOptions
     memory: MemoryRequest

@@ -38,6 +38,7 @@ from compressor.commands.record import open_run
 from compressor.commands.train import check_resume_epochs, run_training, start_distillation
 from compressor.data import DatasetSplits
 from compressor.models.inference import inference_copy
+from compressor.quantization.request import QuantizeRequest
 from compressor.reports.budget_report import (
     budget_report,
     budget_table,
@@ -55,7 +56,6 @@ from compressor.utils.config import (
     DataConfig,
     DistillationConfig,
     ModelRequest,
-    QuantizeConfig,
     TrainConfig,
 )
 from compressor.utils.distributed import DistContext, barrier, broadcast_object, rank
@@ -88,7 +88,7 @@ class BudgetRun:
     budget: BudgetConfig
     train: TrainConfig
     data: DataConfig
-    quantize: QuantizeConfig | None
+    quantize: QuantizeRequest | None
     output_dir: str
     name: str | None
     arguments: Mapping[str, Any]

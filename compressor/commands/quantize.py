@@ -24,7 +24,6 @@ from compressor.api.quantize import (
     kernel_settings,
     post_train,
     quantization_graph,
-    settings_from_config,
 )
 from compressor.assembly.setup import RunSetup
 from compressor.assembly.state import assemble_checkpoint
@@ -35,11 +34,13 @@ from compressor.models.description import (
     unwrap_model,
 )
 from compressor.quantization.core.errors import MissingStatisticsError, QuantizationError
+from compressor.quantization.core.settings import QuantSettings, settings_from_args
 from compressor.quantization.int8.placement import int8_placement
 from compressor.quantization.recipe import QUANTIZATION, quantization_kind
+from compressor.quantization.request import QuantizeRequest
 from compressor.reports.metrics import holds_integer_weights, weight_sparsity
 from compressor.training.checkpoint import save_checkpoint
-from compressor.utils.config import LoaderConfig, QuantizeConfig
+from compressor.utils.config import LoaderConfig
 
 __all__ = ["QuantizedModel", "QUANTIZED_CHECKPOINT", "DEFAULT_CALIBRATION",
            "quantization_graph", "needs_calibration", "config_file_settings", "calibrate",
@@ -78,9 +79,8 @@ def _resolve_stats_path(raw: Any, config_file: Path) -> Path:
     return found
 
 
-def config_file_settings(path: Path) -> tuple[Any, Path | None]:
+def config_file_settings(path: Path) -> tuple[QuantSettings, Path | None]:
     """(QuantSettings, stats path or None) of a --qe-config-file YAML's PostTrainLinearQuantizer."""
-    from compressor.quantization.core.settings import settings_from_args
     from compressor.schedule.loader import read_schedule
 
     doc = read_schedule(path)
@@ -118,7 +118,7 @@ def _without_quantization(description: ModelDescription) -> ModelDescription:
     return replace(description, transforms=steps)
 
 
-def _stats_for(config: QuantizeConfig, settings_stats: Path | None, model: nn.Module,
+def _stats_for(config: QuantizeRequest, settings_stats: Path | None, model: nn.Module,
                calibration: Calibration, batch_size: int, seed: int,
                facts: dict[str, Any], histograms: bool) -> dict[str, Any] | None:
     """Statistics from the file given, else calibration (--qe-calibration, default 5%; with
@@ -173,7 +173,7 @@ def quantization_facts(model: nn.Module) -> dict[str, Any]:
             "reduce_range": bool(settings.get("reduce_range", False))}
 
 
-def _kind_to_quantize(model: nn.Module, config: QuantizeConfig, source: str) -> str | None:
+def _kind_to_quantize(model: nn.Module, config: QuantizeRequest, source: str) -> str | None:
     """The model's quantization kind; a post-training quantized one is never quantized again."""
     kind = quantization_kind(description_of(model))
     if kind == "post_train" and config.quantize:
@@ -183,14 +183,14 @@ def _kind_to_quantize(model: nn.Module, config: QuantizeConfig, source: str) -> 
     return kind
 
 
-def _requested_settings(config: QuantizeConfig) -> tuple[Any, Path | None]:
+def _requested_settings(config: QuantizeRequest) -> tuple[QuantSettings, Path | None]:
     """(QuantSettings, stats path or None) of --qe-config-file, else of the --qe-* flags."""
     if config.config_file is not None:
         return config_file_settings(config.config_file)
-    return settings_from_config(config), None
+    return config.settings, None
 
 
-def needs_calibration(model: nn.Module, config: QuantizeConfig) -> bool:
+def needs_calibration(model: nn.Module, config: QuantizeRequest) -> bool:
     """Whether quantizing `model` for `config` collects activation statistics (no statistics
     file, no dynamic ranges, not a post-training quantized model)."""
     kind = quantization_kind(description_of(model))
@@ -201,7 +201,7 @@ def needs_calibration(model: nn.Module, config: QuantizeConfig) -> bool:
     return True
 
 
-def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) -> None:
+def check_quantization(model: nn.Module, config: QuantizeRequest, source: str) -> None:
     """Refuse a bad quantization request before any file is written: settings, layer names,
     the statistics file, widths that int8 kernels cannot take, quantizing twice."""
     from compressor.quantization.core.settings import resolve_layers
@@ -246,7 +246,7 @@ def check_quantization(model: nn.Module, config: QuantizeConfig, source: str) ->
         load_stats(config.stats_file or stats_path)
 
 
-def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibration: Calibration,
+def prepare_quantized_model(model: nn.Module, config: QuantizeRequest, calibration: Calibration,
                             batch_size: int, seed: int, source: str) -> QuantizedModel:
     """The quantized model to evaluate for `config`, from a float, QAT or quantized `model`.
 
@@ -269,7 +269,6 @@ def prepare_quantized_model(model: nn.Module, config: QuantizeConfig, calibratio
             return QuantizedModel(model, None, facts)
         simulated = model
     elif kind == "qat":
-        from compressor.quantization.core.settings import QuantSettings
         from compressor.quantization.qat.quantizer import qat_to_float
 
         float_model, tracked = qat_to_float(model)
@@ -311,7 +310,7 @@ def quantized_checkpoint_path(run_dir: Path) -> Path:
     return run_dir / QUANTIZED_CHECKPOINT
 
 
-def _calibrate_only(model: nn.Module, config: QuantizeConfig, calibration: Calibration,
+def _calibrate_only(model: nn.Module, config: QuantizeRequest, calibration: Calibration,
                     batch_size: int, seed: int, run_dir: Path | None) -> dict[str, Any]:
     """--qe-calibration alone: Distiller's statistics file in the run directory, nothing else."""
     from compressor.quantization.statistics.stats_file import STATS_FILE_NAME, save_stats
@@ -329,7 +328,7 @@ def _calibrate_only(model: nn.Module, config: QuantizeConfig, calibration: Calib
     return facts
 
 
-def run_quantization(model: nn.Module, config: QuantizeConfig, calibration: Calibration,
+def run_quantization(model: nn.Module, config: QuantizeRequest, calibration: Calibration,
                      loader: LoaderConfig, setup: RunSetup, run_dir: Path | None,
                      record: Mapping[str, Any], evaluate_fn: Callable[[nn.Module], dict[str, float]]
                      ) -> tuple[dict[str, Any], nn.Module]:

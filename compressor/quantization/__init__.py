@@ -1,8 +1,8 @@
 """Quantization with Distiller's semantics, one subpackage per stage: `core` (range-linear math,
 activation clipping, settings), `statistics` (calibration and the stats file), `simulated`
 (post-training quantization in float), `qat` (quantization-aware training), `int8` (lowering to
-real 8-bit kernels per backend); `recipe` ties them together for checkpoints. Import public names
-from here; the old flat module paths still import, with a DeprecationWarning (see `moved`)."""
+real 8-bit kernels per backend); `recipe` ties them together for checkpoints, and `request` is
+what a run asks of them (the step and its one `QuantSettings`). Import public names from here."""
 
 from compressor.quantization.core.clipping import (
     ALPHA_GAUSS,

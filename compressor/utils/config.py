@@ -15,7 +15,7 @@ import torch
 from compressor.utils.precision import Precision
 
 __all__ = ["OptimizerConfig", "LoaderConfig", "DataConfig", "ModelRequest", "DistillationConfig",
-           "ReportConfig", "TrainConfig", "QuantizeConfig", "BudgetConfig", "make_optimizer"]
+           "ReportConfig", "TrainConfig", "BudgetConfig", "make_optimizer"]
 
 
 @dataclass(frozen=True)
@@ -82,35 +82,6 @@ class ReportConfig:
     tensorboard: bool = False
     confusion: bool = False
     masks_sparsity: bool = False
-
-
-@dataclass(frozen=True)
-class QuantizeConfig:
-    """Post-training quantization (Distiller's --qe-* flags); bits 0 mean keep float."""
-
-    quantize: bool = False
-    convert: bool = False
-    backend: str = "auto"
-    mode_acts: str = "sym"
-    mode_wts: str = "sym"
-    bits_acts: int = 8
-    bits_wts: int = 8
-    bits_accum: int = 32
-    clip_acts: str = "none"
-    clip_n_stds: float | None = None
-    per_channel: bool = False
-    no_clip_layers: tuple[str, ...] = ()
-    no_quant_layers: tuple[str, ...] = ()
-    calibration: float | None = None
-    calibration_split: str = "train"  # where calibration reads: "train" (eval transforms), "test"
-    stats_file: Path | None = None
-    dynamic: bool = False
-    config_file: Path | None = None
-
-    @property
-    def calibrate_only(self) -> bool:
-        """--qe-calibration alone: collect statistics, write them, quantize nothing."""
-        return self.calibration is not None and not (self.quantize or self.convert)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from compressor.quantization.core.errors import QuantizationError, shown, unknown_choice
+from compressor.utils.vocabulary import QUANT_MODE_NAMES
 
 __all__ = [
     "MIN_BITS", "MAX_BITS", "MAX_ACCUM_BITS", "LinearQuantMode", "ModuleQuantMode",
@@ -73,11 +74,7 @@ class LinearQuantMode(Enum):
 
 # Distiller's command-line choices (--qe-mode / --qema / --qemw)
 SHORT_NAMES: Mapping[str, LinearQuantMode] = MappingProxyType({
-    "sym": LinearQuantMode.SYMMETRIC,
-    "sym_restr": LinearQuantMode.SYMMETRIC_RESTRICTED,
-    "asym_u": LinearQuantMode.ASYMMETRIC_UNSIGNED,
-    "asym_s": LinearQuantMode.ASYMMETRIC_SIGNED,
-})
+    short: LinearQuantMode[distiller] for short, distiller in QUANT_MODE_NAMES.items()})
 _KINDS = ("activations", "weights")
 
 
