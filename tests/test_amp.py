@@ -11,6 +11,7 @@ import yaml
 from torch import nn
 
 import compressor as cz
+from compressor.models import create_model
 from compressor.quantization.core.settings import LinearQuantMode
 from compressor.quantization.qat.modules import FakeLinearQuantization
 from compressor.training.checkpoint import load_checkpoint
@@ -216,3 +217,58 @@ def test_api_evaluate_takes_amp() -> None:
     assert abs(bf16["loss"] - fp32["loss"]) < 0.05
     with pytest.raises(UsageError, match="amp"):
         cz.evaluate(net, batches, amp="fp8")
+
+
+def test_fp16_resume_is_bitwise(tmp_path: Path) -> None:
+    """fp16 with its gradient scaler: 2 epochs straight and 1 + resume end in the same
+    weights, optimizer and scaler state (the scale and its growth tracker are checkpointed)."""
+    train = (*COMMON, "--amp", "fp16", "--etrs", "0.1", "-o", str(tmp_path))
+    _ok(run_cli(*train, "--epochs", "2", "-n", "full"))
+    _ok(run_cli(*train, "--epochs", "1", "-n", "first"))
+    _ok(run_cli(*train, "--epochs", "2", "-n", "resumed", "--resume-from",
+                str(tmp_path / "first" / "checkpoint.pth.tar")))
+    full = load_checkpoint(tmp_path / "full" / "checkpoint.pth.tar")
+    resumed = load_checkpoint(tmp_path / "resumed" / "checkpoint.pth.tar")
+    assert full["grad_scaler"] and full["precision"]["amp"] == "fp16"
+    for key in ("state_dict", "optimizer", "grad_scaler"):
+        _assert_tensors_equal(full[key], resumed[key], key)
+
+
+def test_latency_is_timed_in_the_settings_precision() -> None:
+    """The budget's latency runs each model under the setting's autocast and memory format."""
+    from compressor.budget.measure import LatencySetting, measure_latencies
+
+    model = create_model("simplenet_digits", "digits")
+    seen: list[tuple[torch.dtype, bool]] = []
+    model.conv2.register_forward_hook(lambda module, inputs, output: seen.append(
+        (output.dtype, inputs[0].is_contiguous(memory_format=torch.channels_last))))
+    quick = {"repeats": 1, "min_seconds": 0.0}
+    measure_latencies([model], LatencySetting(**quick))
+    assert set(seen) == {(torch.float32, False)}
+    seen.clear()
+    measure_latencies([model], LatencySetting(precision=Precision("bf16", channels_last=True),
+                                              **quick))
+    assert set(seen) == {(torch.bfloat16, True)}
+
+
+def test_budget_run_searches_and_times_in_the_runs_precision(tmp_path: Path) -> None:
+    """A budget run under --amp bf16 --channels-last records the precision its search scored
+    and timed in, and a resumed search times in it again."""
+    from compressor.commands.budget_run import _latency_setting
+
+    dense = tmp_path / "dense"
+    _ok(run_cli(*COMMON, "--etrs", "0.1", "--epochs", "1", "-o", str(tmp_path), "-n", "dense"))
+    _ok(run_cli("--resume-from", str(dense / "checkpoint.pth.tar"), "--target-macs", "0.6",
+                "--epochs", "1", "--amp", "bf16", "--channels-last", "-b", "64", "-j", "0",
+                "-p", "0", "--etrs", "0.1", "-o", str(tmp_path), "-n", "budget"))
+    state = load_checkpoint(tmp_path / "budget" / "checkpoint.pth.tar")["budget"]
+    assert state["precision"] == {"amp": "bf16", "channels_last": True}
+    setting = _latency_setting({**state, "latency": {"batch": 2, "threads": 1}}, "cpu")
+    assert setting is not None and setting.precision == Precision("bf16", channels_last=True)
+
+
+def test_api_budget_takes_amp() -> None:
+    model = create_model("simplenet_digits", "digits")
+    with pytest.raises(UsageError, match="amp='fp8'"):
+        cz.compress_to_budget(model, None, lambda m: {"top1": 1.0, "loss": 0.0}, macs=0.5,
+                              amp="fp8")

@@ -24,6 +24,7 @@ from compressor.thinning.transform import probe_batch
 from compressor.thinning.transform import thin as thin_in_place
 from compressor.training.batchnorm import recalibrate_batch_norm
 from compressor.utils.errors import UsageError
+from compressor.utils.precision import AMP_DTYPES, Precision
 
 __all__ = ["compress_to_budget", "BudgetResult"]
 
@@ -87,7 +88,7 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
                        max_accuracy_drop: float | None = None,
                        recalibration_loader: Iterable[Any] | None = None,
                        recalibration_batches: int = 20,
-                       channel_multiple: int = 1) -> BudgetResult:
+                       channel_multiple: int = 1, amp: str | None = None) -> BudgetResult:
     """Remove the channels that cost the least accuracy per unit of budget until every budget
     holds, thin the model, then fine-tune it with `train_fn`.
 
@@ -117,6 +118,9 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
         recalibration_batches: how many of its batches each re-estimation reads.
         channel_multiple: every pruned layer keeps a multiple of this many channels (8 suits
             GPU tensor cores; 1, any count).
+        amp: "bf16" or "fp16": latency is timed under autocast in that dtype, as the model
+            will run (evaluate_fn and train_fn are yours: give them the same autocast); None,
+            fp32.
 
     Returns:
         A BudgetResult: the model, the achieved fractions, whether every budget (accuracy
@@ -132,6 +136,9 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
             1 <= channel_multiple <= 1024):
         raise UsageError(f"compress_to_budget: channel_multiple={channel_multiple!r}; give an "
                          "integer from 1 to 1024 (8 for GPU tensor cores, 1 for any count)")
+    if amp is not None and amp not in AMP_DTYPES:
+        raise UsageError(f"compress_to_budget: amp={amp!r}; use one of "
+                         f"{', '.join(map(repr, AMP_DTYPES))} or None (fp32)")
     score = _recalibrated(_scored(evaluate_fn), recalibration_loader, recalibration_batches)
     if train_fn is not None and not callable(train_fn):
         raise UsageError("compress_to_budget: train_fn is not callable; give a function that "
@@ -141,8 +148,8 @@ def compress_to_budget(model: nn.Module, train_fn: TrainFn | None, evaluate_fn: 
         raise UsageError("compress_to_budget searches a float model, and this one is quantized; "
                          "search first, then quantize")
     dense = copy.deepcopy(model)
-    setting = (LatencySetting(device=str(model_device(dense))) if "latency" in targets
-               else None)
+    setting = (LatencySetting(device=str(model_device(dense)), precision=Precision(amp=amp))
+               if "latency" in targets else None)
     measure, measure_latencies = search_measures(dense, setting)
     search = BudgetSearch(dense, probe_batch(dense, 1),
                           Budget(targets, min_keep=min_keep, channel_multiple=channel_multiple),

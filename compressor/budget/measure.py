@@ -7,7 +7,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -15,6 +15,7 @@ from torch import nn
 
 from compressor.models.description import description_of
 from compressor.reports.metrics import count_macs, model_file_bytes
+from compressor.utils.precision import Precision
 
 __all__ = ["QUANTITIES", "LatencySetting", "measure_latencies", "measure_latency",
            "relative_latencies", "figures", "search_measures", "MeasureFn", "LatenciesFn"]
@@ -30,13 +31,15 @@ LatenciesFn = Callable[[list[nn.Module], Mapping[str, float]], list[float]]
 
 @dataclass(frozen=True)
 class LatencySetting:
-    """How latency is measured: batch size, CPU threads, device, timed repetitions."""
+    """How latency is measured: batch size, CPU threads, device, timed repetitions, and the
+    precision (autocast dtype, memory format) the model runs in, as it was trained."""
 
     batch: int = 1
     threads: int = 1
     device: str = "cpu"
     repeats: int = 11
     min_seconds: float = 0.3
+    precision: Precision = field(default_factory=Precision)
 
 
 @contextmanager
@@ -49,11 +52,6 @@ def _threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _batch(model: nn.Module, setting: LatencySetting) -> torch.Tensor:
     spec = description_of(model).input_spec
     param = next(model.parameters())
@@ -62,10 +60,21 @@ def _batch(model: nn.Module, setting: LatencySetting) -> torch.Tensor:
         device=setting.device, dtype=param.dtype)
 
 
-def _call_seconds(model: nn.Module, batch: torch.Tensor, device: torch.device) -> float:
+def _call_seconds(model: nn.Module, batch: torch.Tensor, device: torch.device,
+                  precision: Precision) -> float:
+    """Seconds of one forward pass: on CUDA between two events on the stream (the GPU's own
+    time, not the host's launch time), elsewhere by the clock."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        with precision.autocast(device):
+            model(batch)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0  # milliseconds
     begin = time.perf_counter()
-    model(batch)
-    _sync(device)
+    with precision.autocast(device):
+        model(batch)
     return time.perf_counter() - begin
 
 
@@ -74,11 +83,15 @@ def measure_latencies(models: Sequence[nn.Module], setting: LatencySetting,
     """Median seconds of one forward pass of a batch at each model's InputSpec (eval mode), all
     timed in the same interleaved rounds, and with `reference`, the reference's, timed in
     those rounds too (so a change in the machine's load cannot bias their ratios). In each
-    round a model is called twice and its second call timed (warm caches)."""
+    round a model is called twice and its second call timed (warm caches). Under the setting's
+    precision each model runs in its memory format (changed in place) and autocast dtype."""
     device = torch.device(setting.device)
+    precision = setting.precision
     timed = [*models] if reference is None else [*models, reference]
     modes = [m.training for m in timed]
-    batches = [_batch(m, setting) for m in timed]
+    for m in timed:
+        precision.prepare(m)
+    batches = [precision.inputs(_batch(m, setting)) for m in timed]
     times: list[list[float]] = [[] for _ in timed]
     try:
         for m in timed:
@@ -86,7 +99,7 @@ def measure_latencies(models: Sequence[nn.Module], setting: LatencySetting,
         with _threads(setting.threads), torch.inference_mode():
             for m, batch in zip(timed, batches, strict=True):
                 for _ in range(2):  # warm-up: allocator, kernels' first-call set-up
-                    _call_seconds(m, batch, device)
+                    _call_seconds(m, batch, device, precision)
             started = time.perf_counter()
             while len(times[0]) < setting.repeats or (
                     time.perf_counter() - started < setting.min_seconds
@@ -95,8 +108,8 @@ def measure_latencies(models: Sequence[nn.Module], setting: LatencySetting,
                     # the model's first call after the others runs on caches they filled
                     # (5-10% slower at batch 32 for these sizes, by its place in the round):
                     # untimed, so every model is timed warm, as in a loop serving it
-                    _call_seconds(m, batch, device)
-                    times[index].append(_call_seconds(m, batch, device))
+                    _call_seconds(m, batch, device, precision)
+                    times[index].append(_call_seconds(m, batch, device, precision))
     finally:
         for m, mode in zip(timed, modes, strict=True):
             m.train(mode)

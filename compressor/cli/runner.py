@@ -261,7 +261,9 @@ def _post_training(run: Run, data: EvaluationData, run_dir: Any, record: dict[st
     returns the results and the model they describe."""
     request, setup, model = run.request, run.setup, run.model
     config = request.train
-    evaluate_fn = evaluation_fn(data.test, config.loader, run.ctx)
+    # a quantized model computes in fp32 (int8 kernels, or fake quantization): no autocast
+    evaluate_fn = evaluation_fn(data.test, config.loader, run.ctx, precision=None
+                                if request.quantize is not None else config.precision)
     if request.quantize is not None:
         from compressor.commands.quantize import run_quantization
 

@@ -60,6 +60,7 @@ from compressor.utils.config import (
 )
 from compressor.utils.distributed import DistContext, barrier, broadcast_object, rank
 from compressor.utils.errors import UsageError
+from compressor.utils.precision import Precision
 
 __all__ = ["BudgetRun", "is_budget_run", "run_budget", "SCHEDULE_NAME", "REPORT_NAME",
            "PARETO_NAME"]
@@ -186,7 +187,7 @@ def _prepare_search(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn
     latency = _latency_setting(state, ctx.device)
     size_scale = QE_SIZE_FRACTION if state.get("quantize") else 1.0
     score = evaluation_fn(_search_subset(data.val, setup.seed), run.train.loader, ctx,
-                          desc="search")
+                          desc="search", precision=run.train.precision)
     recalibrate = recalibrator(data.train, run.train, setup.seed, ctx)
     # what the re-estimations cost, continued from a resumed search's record
     spent = {"seconds": 0.0, "candidates": 0, **dict(state.get("recalibration") or {}),
@@ -227,9 +228,11 @@ def _search(search: BudgetSearch, run: BudgetRun, ctx: DistContext, model: nn.Mo
                  "on %d training batches, %.1fs in all", spent["candidates"], spent["batches"],
                  spent["seconds"])
     if "dense_test_top1" not in state:  # for the report, not the search: timed apart
-        test = evaluation_fn(data.test, run.train.loader, ctx)(model)
+        precision = run.train.precision
+        test = evaluation_fn(data.test, run.train.loader, ctx, precision=precision)(model)
         state["dense_test_top1"] = float(test["top1"])
-        validation = evaluation_fn(data.val, run.train.loader, ctx, desc="validate")(model)
+        validation = evaluation_fn(data.val, run.train.loader, ctx, desc="validate",
+                                   precision=precision)(model)
         state["dense_val_top1"] = float(validation["top1"])  # the floor's reference
     state["dense_figures"] = search.dense_entry()["figures"]
     state["search_met"] = result.met
@@ -251,13 +254,19 @@ def _search_subset(dataset: Any, seed: int) -> Any:
 
 
 def _latency_setting(state: Mapping[str, Any], device: Any) -> LatencySetting | None:
-    """How the run times latency (its recorded batch and threads) on `device`; None without a
-    latency budget."""
+    """How the run times latency (its recorded batch, threads and precision) on `device`; None
+    without a latency budget."""
     recorded = state.get("latency")
     if recorded is None:
         return None
     return LatencySetting(batch=int(recorded["batch"]), threads=int(recorded["threads"]),
-                          device=str(device))
+                          device=str(device), precision=_precision(state))
+
+
+def _precision(state: Mapping[str, Any]) -> Precision:
+    """The precision the run trains, scores and times in (fp32 for a search recorded before
+    one was)."""
+    return Precision.from_record(state.get("precision"))
 
 
 def _speed(state: Mapping[str, Any], model: nn.Module, final_figures: Mapping[str, float]
@@ -271,7 +280,7 @@ def _speed(state: Mapping[str, Any], model: nn.Module, final_figures: Mapping[st
         ratio = float(final_figures["latency"]) / float(state["dense_figures"]["latency"])
         dense_seconds = float(state["dense_figures"]["latency"])
     else:
-        setting = LatencySetting(device=str(device))
+        setting = LatencySetting(device=str(device), precision=_precision(state))
         dense = _rebuild_dense(state["dense_source"], device)
         seconds, dense_seconds = _timed_by_rank0(
             lambda: measure_latencies([model], setting, dense))
@@ -294,6 +303,7 @@ def _new_state(run: BudgetRun, setup: RunSetup, ctx: DistContext) -> dict[str, A
                              "max_drop": run.budget.max_drop, "epochs": run.train.epochs,
                              "accuracy_drop": run.budget.accuracy_drop,
                              "channel_multiple": channel_multiple(run.budget, ctx.device),
+                             "precision": run.train.precision.record(),
                              "teacher": _teacher(run, setup),
                              "dense_source": _dense_source(setup)}
     if "latency" in run.budget.targets:
@@ -361,14 +371,16 @@ def run_budget(run: BudgetRun, setup: RunSetup, ctx: DistContext, model: nn.Modu
         results = run_training(setup, ctx, model, data, writer_dir,
                                replace(config, compress=schedule_path), record, distillation,
                                extra={"budget": state}, use_best=True)
-        validate = evaluation_fn(data.val, run.train.loader, ctx, desc="validate")
+        validate = evaluation_fn(data.val, run.train.loader, ctx, desc="validate",
+                                 precision=run.train.precision)
         scores: dict[str, Any] = {"val_top1": float(validate(model)["top1"]),
                                   "test_top1": float(results["top1"]),
                                   "model_epoch": results["model_epoch"],
                                   "num_classes": setup.description.num_classes}
         results, final_model = _quantize_last(run, setup, ctx, model, data, writer_dir, record,
                                               results)
-        if final_model is not model:
+        if final_model is not model:  # quantized: computed in fp32 (int8 kernels, or simulated)
+            validate = evaluation_fn(data.val, run.train.loader, ctx, desc="validate")
             scores["int8_val_top1"] = float(validate(final_model)["top1"])
             scores["int8_test_top1"] = float(results.get("quantized_top1", results["top1"]))
         final_figures = _final_figures(state, model, results)

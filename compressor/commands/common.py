@@ -27,6 +27,7 @@ from compressor.training.loop import evaluate
 from compressor.utils.config import DataConfig, LoaderConfig
 from compressor.utils.distributed import DistContext, all_reduce_sum
 from compressor.utils.errors import DataError
+from compressor.utils.precision import Precision
 
 __all__ = ["EvaluateFn", "load_run_data", "name_classes", "images_note", "device_of",
            "evaluation_fn", "model_facts", "run_record", "calibration_source"]
@@ -71,13 +72,15 @@ def device_of(model: nn.Module, ctx: DistContext) -> torch.device:
 
 
 def evaluation_fn(dataset: Dataset, loader: LoaderConfig, ctx: DistContext,
-                  desc: str = "test") -> EvaluateFn:
-    """model -> top-1/top-5/loss on `dataset` (all-reduced across ranks), on the model's device."""
+                  desc: str = "test", precision: Precision | None = None) -> EvaluateFn:
+    """model -> top-1/top-5/loss on `dataset` (all-reduced across ranks), on the model's device,
+    under `precision` (--amp, --channels-last: as the model trains; None, fp32)."""
     batches = eval_loader(dataset, loader.batch_size, loader.workers, ctx)
     reduce = all_reduce_sum if ctx.enabled else None
 
     def evaluate_fn(net: nn.Module) -> dict[str, float]:
-        return evaluate(net, batches, device_of(net, ctx), reduce=reduce, desc=desc)
+        return evaluate(net, batches, device_of(net, ctx), reduce=reduce, desc=desc,
+                        precision=precision)
 
     return evaluate_fn
 
