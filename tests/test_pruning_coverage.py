@@ -27,7 +27,7 @@ from tests.conftest import run_cli, trained_like_batchnorms
 from tests.fixtures import coupled_nets
 
 FIXTURES = ("AllFourNet", "SEInvertedResidualNet", "DenseGroupedNet", "LayerScaleNet",
-            "RepBranchNet")
+            "RepBranchNet", "GhostStreamNet")
 CODE = Path(coupled_nets.__file__).resolve()
 COMMON = ("-j", "0", "-p", "0", "-b", "32", "--deterministic")
 SPLITS = ("--etrs", "0.05", "--etes", "0.1", "--evs", "0.2")
@@ -179,6 +179,68 @@ def test_identity_branch_norms_are_masked_with_the_stream_and_thin_exactly() -> 
     scheduler.on_epoch_begin(0)
     identity = model.blocks[1].identity
     assert int((identity.weight == 0).sum()) == 8 and int((identity.bias == 0).sum()) == 8
+
+
+def test_a_stream_twice_as_wide_as_its_producers_is_one_group_and_thins_exactly() -> None:
+    """GhostNet's stream: the primary convolutions make its first half, their depthwise copies
+    the second, a 1x1 shortcut all of it. One unit is a primary filter and two of the
+    shortcut's (j and j + 16); masked and thinned models agree, the schedule's leader masks the
+    wider layer's both channels, and the search prices a unit by every channel it removes."""
+    import compressor as cz
+    from compressor.api.identity import ensure_described
+    from compressor.budget.prices import channel_prices
+    from compressor.budget.schedule import budget_schedule
+
+    model, inputs = _model("GhostStreamNet")
+    stream = next(g for g in prunable_groups(model, inputs)
+                  if "blocks.0.shortcut.0.weight" in g.weights)
+    assert stream.channels == 16 and stream.blocks_of("blocks.0.shortcut.0.weight") == 2
+    assert stream.blocks_of("blocks.1.ghost2.primary.0.weight") == 1
+    assert {"blocks.0.shortcut.1", "blocks.1.ghost2.cheap.1"} <= set(stream.norms)
+    masked, thinned = _masked_and_thinned(copy.deepcopy(model), inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
+    assert thinned.blocks[0].shortcut[0].out_channels == 16
+    assert thinned.blocks[1].ghost2.primary[0].out_channels == 8
+    ensure_described(model, inputs, "the test")  # prices read MACs at the model's input
+    prices = channel_prices(model, [stream])
+    shortcut_macs = 16 * 16 * 16  # one filter of the 1x1 shortcut at 16 x 16
+    assert prices["macs"][0] > 2 * shortcut_macs
+    schedule = budget_schedule([stream], [4], epochs=2)
+    schedule["extensions"] = {}  # the masks alone (thinning is tested above)
+    schedule["policies"] = [p for p in schedule["policies"] if "pruner" in p]
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = cz.compression_scheduler(schedule, model, optimizer, example_inputs=inputs)
+    scheduler.on_epoch_begin(0)
+    primary = model.get_parameter(stream.leader).flatten(1).abs().sum(1) == 0
+    shortcut = model.blocks[0].shortcut[0].weight.flatten(1).abs().sum(1) == 0
+    assert int(primary.sum()) == 4 and torch.equal(shortcut, primary.repeat(2))
+
+
+def test_a_norm_over_a_concatenation_is_not_masked_at_the_wrong_channels() -> None:
+    """A dense layer's new channels reach the next layers' batch norms at an offset of the
+    concatenation: those norms are no group's to mask (masking their first channels would zero
+    the block's input); the pruned channels' constant is folded, exactly."""
+    from torchvision.models import DenseNet
+
+    torch.manual_seed(0)
+    model = trained_like_batchnorms(DenseNet(growth_rate=4, block_config=(3,),
+                                             num_init_features=8, bn_size=2,
+                                             num_classes=10)).eval()
+    inputs = torch.randn(2, 3, 32, 32)
+    groups = prunable_groups(model, inputs)
+    for group in groups:
+        for norm in group.norms:
+            assert model.get_submodule(norm).num_features % group.channels == 0
+    before = {name: p.detach().clone() for name, p in model.named_parameters()
+              if name.endswith("norm1.weight")}
+    new = next(g for g in groups if g.layer == "features.denseblock1.denselayer1.conv2")
+    mask_group_filters(model, new, torch.arange(2), batchnorms_of(model, groups))
+    for name, value in before.items():
+        assert torch.equal(model.get_parameter(name), value), name
+    masked, thinned = _masked_and_thinned(model, inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
 
 
 def test_a_recipe_naming_a_missing_parameter_is_refused() -> None:

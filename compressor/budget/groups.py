@@ -56,12 +56,33 @@ class ChannelGroup:
     # their weight and bias are masked with the filters, so a pruned channel carries zeros
     # through them too, not their shift (which a padded convolution would spread unevenly)
     norms: tuple[str, ...] = ()
+    # each weight's blocks where the producers differ in width (GhostNet: a residual stream
+    # twice as wide as the primary convolutions that make its first half, a depthwise
+    # convolution making the second half from the same channels, so unit j is channel j of
+    # a primary convolution and channels j and j + width of the stream): () where every
+    # weight has `blocks`
+    weight_blocks: tuple[int, ...] = ()
+    # each member's blocks (how many of its channels one unit is), where weight_blocks is set
+    member_blocks: tuple[int, ...] = ()
 
-    def unit_channels(self, units: Tensor) -> Tensor:
-        """The channel indices of `units` (every block's channel of each unit)."""
+    def unit_channels(self, units: Tensor, size: int | None = None) -> Tensor:
+        """The channel indices of `units` (every block's channel of each unit) in a layer of
+        `size` channels (default: the leader's width)."""
+        blocks = self.blocks if size is None else max(1, size // self.channels)
         units = torch.as_tensor(units, dtype=torch.long).reshape(-1)
-        offsets = torch.arange(self.blocks, dtype=torch.long) * self.channels
+        offsets = torch.arange(blocks, dtype=torch.long) * self.channels
         return (units[None, :] + offsets[:, None]).reshape(-1)
+
+    def blocks_of(self, weight: str) -> int:
+        """How many channels of `weight`'s layer one unit of the group is."""
+        if not self.weight_blocks:
+            return self.blocks
+        return self.weight_blocks[self.weights.index(weight)]
+
+    @property
+    def min_blocks(self) -> int:
+        """The fewest channels a unit is in any of the group's layers."""
+        return min(self.weight_blocks or (self.blocks,))
 
     @property
     def leader(self) -> str:
@@ -77,14 +98,17 @@ class ChannelGroup:
         """Plain values for a checkpoint."""
         return {"weights": list(self.weights), "channels": self.channels,
                 "members": [list(m) for m in self.members], "blocks": self.blocks,
-                "norms": list(self.norms)}
+                "norms": list(self.norms), "weight_blocks": list(self.weight_blocks),
+                "member_blocks": list(self.member_blocks)}
 
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ChannelGroup:
         """The group to_state recorded."""
         return cls(tuple(state["weights"]), int(state["channels"]),
                    tuple((m[0], m[1]) for m in state.get("members", ())),
-                   int(state.get("blocks", 1)), tuple(state.get("norms", ())))
+                   int(state.get("blocks", 1)), tuple(state.get("norms", ())),
+                   tuple(int(b) for b in state.get("weight_blocks", ())),
+                   tuple(int(b) for b in state.get("member_blocks", ())))
 
 
 def _blocks(group: Any, graph: Any) -> int | None:
@@ -110,10 +134,10 @@ def _root_idxs(group: Any, dep: Any) -> list[int]:
     return []
 
 
-def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str]] | None:
-    """Every module of a group with its role ("out", "in", "through"), or None when thinning
-    would leave the group alone."""
-    members: list[tuple[nn.Module, str]] = []
+def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str, set[int]]] | None:
+    """Every module of a group with its role ("out", "in", "through") and the indices of its
+    channels in the group, or None when thinning would leave the group alone."""
+    members: list[tuple[nn.Module, str, set[int]]] = []
     for dep, idxs in group:
         module = dep.target.module
         if not isinstance(module, nn.Module) or type(module).__module__.startswith(
@@ -124,15 +148,27 @@ def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str]] | None:
         if not isinstance(module, THINNABLE):
             return None
         outputs = graph.is_out_channel_pruning_fn(dep.handler)
+        channels = {int(i) for i in idxs}
         if not isinstance(module, (CONV, nn.Linear)) or is_depthwise(module):
-            members.append((module, "through"))
+            members.append((module, "through", channels))
         elif outputs:
             if list(idxs) != list(range(module_sizes(module)[0])):
                 return None  # a producer of only part of the channels: not a whole layer
-            members.append((module, "out"))
+            members.append((module, "out", channels))
         else:
-            members.append((module, "in"))
-    return members if any(role == "out" for _, role in members) else None
+            members.append((module, "in", channels))
+    return members if any(role == "out" for _, role, _ in members) else None
+
+
+def _whole_norms(members: list[tuple[nn.Module, str, set[int]]], names: dict[nn.Module, str]
+                 ) -> tuple[str, ...]:
+    """The batch norms whose every channel is the group's: masked with the filters. (A batch
+    norm over a concatenation holds the group's channels at an offset among others: masking
+    its first channels would zero others, so it is left to the fold of the constant.)"""
+    return tuple(dict.fromkeys(
+        names[m] for m, role, channels in members
+        if role == "through" and isinstance(m, nn.modules.batchnorm._BatchNorm)
+        and channels == set(range(module_sizes(m)[0]))))
 
 
 def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
@@ -146,16 +182,26 @@ def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
         blocks = _blocks(group, graph)
         if members is None or blocks is None:
             continue
-        producers = sorted({m for m, role in members if role == "out"}, key=order.__getitem__)
-        sizes = {module_sizes(m)[0] for m in producers}
+        producers = sorted({m for m, role, _ in members if role == "out"},
+                           key=order.__getitem__)
+        widths = [module_sizes(m)[0] for m in producers]
         weights = tuple(f"{names[m]}.weight" for m in producers)
-        if len(sizes) != 1 or weights in seen or min(sizes) % blocks:
+        units = min(widths) // blocks
+        # producers of different widths: each a whole multiple of the narrowest (no grouped
+        # convolution among them); the thinning probe confirms the channels line up
+        if weights in seen or min(widths) % blocks or (len(set(widths)) > 1 and (
+                blocks > 1 or any(width % units for width in widths))):
             continue
         seen.add(weights)
-        roles = tuple(dict.fromkeys((names[m], role) for m, role in members))
-        norms = tuple(dict.fromkeys(names[m] for m, role in members if role == "through"
-                                    and isinstance(m, nn.modules.batchnorm._BatchNorm)))
-        found.append(ChannelGroup(weights, sizes.pop() // blocks, roles, blocks, norms))
+        roles: dict[tuple[str, str], set[int]] = {}
+        for module, role, channels in members:
+            roles.setdefault((names[module], role), set()).update(channels)
+        weight_blocks = tuple(width // units for width in widths)
+        mixed = len(set(widths)) > 1
+        found.append(ChannelGroup(
+            weights, units, tuple(roles), weight_blocks[0], _whole_norms(members, names),
+            weight_blocks if mixed else (),
+            tuple(max(1, len(c) // units) for c in roles.values()) if mixed else ()))
     return found
 
 
@@ -164,7 +210,7 @@ def leader_norms(model: nn.Module, group: ChannelGroup) -> Tensor:
     unit of the group: averaged over its blocks, as Torch-Pruning ranks channel groups."""
     weight = model.get_parameter(group.leader).detach()
     norms = group_norms(weight, "Filters" if weight.dim() > 2 else "Rows", 1).cpu()
-    return norms.view(group.blocks, -1).mean(dim=0)
+    return norms.view(-1, group.channels).mean(dim=0)
 
 
 def leader_ranking(model: nn.Module, group: ChannelGroup) -> Tensor:
@@ -200,13 +246,12 @@ def mask_group_filters(model: nn.Module, group: ChannelGroup, channels: Tensor,
     """Zero `channels` (units) of every layer of the group, with their biases and the batch
     norms that follow them (in place), so the channels carry exact zeros as the structure
     pruners leave."""
-    channels = group.unit_channels(channels)
     with torch.no_grad():
         for module in _masked_modules(model, group, batchnorms):
             for name in ("weight", "bias"):
                 param = getattr(module, name, None)
                 if param is not None:
-                    param[channels] = 0.0
+                    param[group.unit_channels(channels, param.shape[0])] = 0.0
 
 
 @contextmanager
@@ -262,7 +307,7 @@ def prunable_groups(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
     removed = recipe["modules"]
     kept = [g for g in candidates
             if all(len(removed.get(w.rsplit(".", 1)[0], {}).get("out", []))
-                   == g.channels // 2 * g.blocks for w in g.weights)]
+                   == g.channels // 2 * g.blocks_of(w) for w in g.weights)]
     if exact:
         return kept
     return [g for g in kept if _probe_thinning(model, [g], inputs, batchnorms)[1]]

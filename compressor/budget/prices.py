@@ -32,12 +32,14 @@ def channel_prices(model: nn.Module, groups: Sequence[ChannelGroup]) -> dict[str
     prices: dict[str, list[float]] = {"macs": [], "params": []}
     for group in groups:
         saved_macs = saved_params = 0.0
-        for name, role in group.members:
+        # a unit is one channel per block: of every block of a grouped convolution that
+        # shares the group, or of a layer wider than the group's narrowest producer
+        member_blocks = group.member_blocks or (group.blocks,) * len(group.members)
+        for (name, role), blocks in zip(group.members, member_blocks, strict=True):
             module = model.get_submodule(name)
             layer_macs, layer_params = _member_price(module, role, macs.get(name, 0))
-            saved_macs += layer_macs
-            saved_params += layer_params
-        # a unit of a group that a grouped convolution shares is one channel per block
-        prices["macs"].append(saved_macs * group.blocks)
-        prices["params"].append(saved_params * group.blocks)
+            saved_macs += layer_macs * blocks
+            saved_params += layer_params * blocks
+        prices["macs"].append(saved_macs)
+        prices["params"].append(saved_params)
     return prices

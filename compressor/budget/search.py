@@ -406,7 +406,8 @@ class BudgetSearch:
         of the budget's channel multiple: rounded down (removing more keeps the bisection's
         order), at least one multiple kept; a group narrower than one multiple is left whole."""
         multiple = self.budget.channel_multiple
-        step = multiple // math.gcd(multiple, group.blocks)  # in units of `blocks` channels
+        # in units of `blocks` channels (of the narrowest layer: the others keep a multiple)
+        step = multiple // math.gcd(multiple, group.min_blocks)
         if step <= 1 or removed == 0:
             return removed
         if group.channels < step:

@@ -11,7 +11,7 @@ from torch import Tensor
 
 __all__ = [
     "GROUP_TYPES", "group_index", "group_norms", "element_mask", "group_mask_from_scores",
-    "expand_group_mask", "count_to_prune", "sparsity", "kth_smallest",
+    "expand_group_mask", "count_to_prune", "sparsity", "kth_smallest", "tile_units",
 ]
 
 # Distiller's group names; "3D" is a filter and "Kernels" a 2D kernel, as in Distiller.
@@ -102,6 +102,17 @@ def group_mask_from_scores(scores: Tensor, fraction: float) -> Tensor:
     if k:
         keep[torch.argsort(scores, stable=True)[:k]] = 0.0
     return keep
+
+
+def tile_units(keep: Tensor, size: int, units: int) -> Tensor | None:
+    """A keep-mask over a leader's groups (`units` units, repeated over its blocks) as the
+    mask over `size` groups of a layer one unit is size // units groups of (channel j of
+    every block of `units`); None where `size` is no multiple of `units`."""
+    if keep.numel() == size:
+        return keep
+    if units <= 0 or size % units or keep.numel() % units:
+        return None
+    return keep[:units].repeat(size // units)
 
 
 def expand_group_mask(group_keep: Tensor, weight: Tensor, group_type: str,

@@ -11,7 +11,12 @@ from torch import Tensor, nn
 from compressor.models import description_of
 from compressor.pruning.base import LevelPruner, PruneStep
 from compressor.pruning.graph import following_batchnorms
-from compressor.pruning.groups import expand_group_mask, group_mask_from_scores, group_norms
+from compressor.pruning.groups import (
+    expand_group_mask,
+    group_mask_from_scores,
+    group_norms,
+    tile_units,
+)
 from compressor.utils.errors import ScheduleError
 
 __all__ = [
@@ -45,6 +50,12 @@ class StructurePruner(LevelPruner):
         # batch norms the pruned channels pass through (not after a pruned layer: RepVGG's
         # identity branch): masked with the first weight's filters
         self.norms = tuple(norms)
+
+    channel_groups = 1  # blocks of the leader's filters one unit spans (RankedStructurePruner)
+
+    def unit_count(self, leader_groups: int) -> int:
+        """How many units the leader's `leader_groups` filters are (channel_groups blocks)."""
+        return leader_groups // max(1, self.channel_groups)
 
     def attach(self, model: nn.Module) -> None:
         """Filter (row) pruners find their batch norms now: an untraceable model fails at load."""
@@ -100,8 +111,10 @@ class StructurePruner(LevelPruner):
             keep = masks[self.weights[0]].detach().flatten(1).amax(dim=1)
             for key in (f"{norm}.{attr}" for norm in self.norms for attr in ("weight", "bias")):
                 param = params.get(key)
-                if param is not None and param.shape == keep.shape:
-                    coupled[key] = keep.to(param.device, param.dtype)
+                tiled = None if param is None else tile_units(keep, param.shape[0],
+                                                               self.unit_count(keep.numel()))
+                if tiled is not None:
+                    coupled[key] = tiled.to(param.device, param.dtype)
         return coupled
 
 
@@ -159,9 +172,17 @@ class RankedStructurePruner(StructurePruner):
         level = self.level(step)
         leader = self.weights[0]
         keep = self._keep(self.scores(leader, params[leader], step), level)
+        units = self.unit_count(keep.numel())
         masks = {}
         for name in self.weights:
-            masks[name] = expand_group_mask(keep, params[name], self.group_type, self.block_shape)
+            # a weight wider than the leader (GhostNet's stream) loses every block's channel
+            tiled = tile_units(keep, group_norms(params[name], self.group_type, 1,
+                                                 self.block_shape).numel(), units)
+            if tiled is None:
+                raise ValueError(f"pruner '{self.name}': '{name}' has a width that is no "
+                                 f"multiple of the leader's {units} units")
+            masks[name] = expand_group_mask(tiled, params[name], self.group_type,
+                                            self.block_shape)
         return masks
 
     def mask_for_level(self, name: str, weight: Tensor, level: float, step: PruneStep) -> Tensor:

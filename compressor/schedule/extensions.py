@@ -80,6 +80,44 @@ def thinned_layers(policies: Sequence[Any]) -> list[tuple[str, bool]]:
     return list(dict.fromkeys(layers))
 
 
+def _unit_blocks(model: nn.Module, policies: Sequence[Any]) -> dict[str, int]:
+    """Layer -> the blocks a pruner takes its filters in: a grouped convolution's groups
+    (channel_groups), or, under a leader, how many of the leader's units the layer is wide."""
+    params = dict(unwrap_model(model).named_parameters())
+    blocks: dict[str, int] = {}
+    for policy in policies:
+        pruner = getattr(policy, "pruner", None)
+        weights = [w for w in getattr(pruner, "weights", ()) if w in params]
+        if not isinstance(pruner, StructurePruner) or not weights:
+            continue
+        leader = getattr(pruner, "group_dependency", None) == "Leader"
+        for weight in weights:
+            # each weight ranked alone is in its own channel_groups blocks
+            units = pruner.unit_count(params[(weights[0] if leader else weight)].shape[0])
+            count = params[weight].shape[0] // max(1, units)
+            if count > 1:
+                blocks[weight.rpartition(".")[0]] = count
+    return blocks
+
+
+def _pruned_norms(model: nn.Module, policies: Sequence[Any]) -> dict[str, list[str]]:
+    """Layer -> the batch norms its structure pruner masks with its filters: the one after
+    the layer, and (under the leader's layer) the norms the pruned channels pass through."""
+    found: dict[str, list[str]] = {}
+    for policy in policies:
+        pruner = getattr(policy, "pruner", None)
+        if not isinstance(pruner, StructurePruner) or pruner.group_type != "Filters":
+            continue
+        following = pruner.batchnorms(unwrap_model(model))
+        layers = [weight.rpartition(".")[0] for weight in pruner.weights]
+        for layer in layers:
+            if following.get(layer):
+                found.setdefault(layer, []).append(str(following[layer]))
+        if layers:
+            found.setdefault(layers[0], []).extend(pruner.norms)
+    return found
+
+
 def check_schedule_thinning(model: nn.Module, policies: Sequence[Any], source: str) -> None:
     """Refuse at load a schedule that would thin channels thinning cannot remove (shared with a
     grouped convolution, behind a channel shuffle, or into a slice: a rehearsal on a copy),
@@ -87,12 +125,10 @@ def check_schedule_thinning(model: nn.Module, policies: Sequence[Any], source: s
     layers = thinned_layers(policies)
     if not layers or not described(model):
         return
-    # filters a pruner takes in units of a grouped convolution's groups (channel_groups)
-    blocks = {weight.rpartition(".")[0]: pruner.channel_groups for policy in policies
-              if (pruner := getattr(policy, "pruner", None)) is not None
-              and getattr(pruner, "channel_groups", 1) > 1 for weight in pruner.weights}
+    blocks = _unit_blocks(model, policies)
+    norms = _pruned_norms(model, policies)
     try:
         check_thinnable(unwrap_model(model), probe_batch(model), layers, blocks)
-        rehearse_thinning(unwrap_model(model), probe_batch(model), layers, blocks)
+        rehearse_thinning(unwrap_model(model), probe_batch(model), layers, blocks, norms)
     except UsageError as exc:
         raise ScheduleError(f"{source}: {exc}") from None

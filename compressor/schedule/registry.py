@@ -101,21 +101,39 @@ def _channel_groups(reader: EntryReader, resolver: ParamResolver, weights: list[
 
 
 def _norms(reader: EntryReader, resolver: ParamResolver, weights: list[str],
-           group_type: str) -> tuple[str, ...]:
-    """norms: batch norms the pruned filters' channels pass through, masked with them."""
+           group_type: str, blocks: int) -> tuple[str, ...]:
+    """norms: batch norms the pruned filters' channels pass through, masked with them (a
+    norm as wide as the leader's units times a whole number of blocks)."""
     norms = reader.raw("norms", [])
     if not isinstance(norms, list) or not all(isinstance(n, str) for n in norms):
         reader.fail(f"norms {shown(norms)} is not a list of batch-norm names",
                     "write norms: [stage.block.identity, ...]")
     if norms and group_type != "Filters":
         reader.fail("norms is only used with group_type Filters", "remove it")
-    channels = resolver.params[weights[0]].shape[0] if weights else None
+    channels = resolver.params[weights[0]].shape[0] if weights else 0
+    units = channels // blocks
     for name in norms:
         weight = resolver.params.get(f"{name}.weight")
-        if weight is None or weight.dim() != 1 or weight.shape[0] != channels:
+        if weight is None or weight.dim() != 1 or not units or weight.shape[0] % units:
             reader.fail(f"norms names '{name}', which is no batch norm of {channels} channels "
-                        "in this model", "name the norms the pruned channels pass through")
+                        f"(or a multiple of {units}) in this model",
+                        "name the norms the pruned channels pass through")
     return tuple(norms)
+
+
+def _check_leader_widths(reader: EntryReader, resolver: ParamResolver, weights: list[str],
+                         blocks: int) -> None:
+    """Under group_dependency Leader every weight takes the leader's choice: each has as many
+    filters as the leader, or a whole multiple of its units (a wider layer loses the same
+    channel of every block, as GhostNet's residual stream does)."""
+    if not weights:
+        return
+    units = resolver.params[weights[0]].shape[0] // blocks
+    for name in weights[1:]:
+        if resolver.params[name].shape[0] % units:
+            reader.fail(f"{name}: {resolver.params[name].shape[0]} filters do not follow the "
+                        f"leader {weights[0]}'s {units} units (group_dependency Leader)",
+                        "group only weights whose filters line up with the leader's")
 
 
 def _ranked(norm: int, agp: bool, cls: type[RankedStructurePruner] = RankedStructurePruner
@@ -127,8 +145,10 @@ def _ranked(norm: int, agp: bool, cls: type[RankedStructurePruner] = RankedStruc
         dependency = reader.choice("group_dependency", ("Leader",), None)
         weights = _weights(reader, resolver, group_type, block_shape)
         blocks = _channel_groups(reader, resolver, weights, group_type)
+        if dependency == "Leader":
+            _check_leader_widths(reader, resolver, weights, blocks)
         extra: dict[str, Any] = {"channel_groups": blocks} if blocks > 1 else {}
-        norms = _norms(reader, resolver, weights, group_type)
+        norms = _norms(reader, resolver, weights, group_type, blocks)
         if norms:
             extra["norms"] = norms
         return cls(name, weights, group_type=group_type, norm=norm,

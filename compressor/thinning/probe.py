@@ -6,7 +6,7 @@ is refused when the schedule is loaded, before any epoch runs or any file is wri
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -17,12 +17,16 @@ __all__ = ["rehearse_thinning"]
 
 
 def rehearse_thinning(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[str, bool]],
-                      blocks: Mapping[str, int] | None = None) -> None:
+                      blocks: Mapping[str, int] | None = None,
+                      norms: Mapping[str, Sequence[str]] | None = None) -> None:
     """Thin a copy of `model` whose `layers` ((module name, True for its filters / False for
     its input channels)) each have their first filter or input channel zeroed (the first of
-    each block where `blocks` names the pruner's channel_groups for the layer); thinning's
-    refusals (UsageError) pass through, `model` is left as it was."""
+    each block where `blocks` names how many blocks the layer's filters go in), with the
+    batch norms `norms` names for the layer zeroed at the same channels (as a structure
+    pruner masks them); thinning's refusals (UsageError) pass through, `model` is left as it
+    was."""
     blocks = blocks or {}
+    norms = norms or {}
     rehearsal = copy.deepcopy(model)
     with torch.no_grad():
         for name, outputs in layers:
@@ -32,11 +36,19 @@ def rehearse_thinning(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[s
                     weight.shape[0 if outputs else 1] < 2):
                 continue  # a layer of one filter is kept whole
             if outputs:
-                count = blocks.get(name, 1)
-                first = list(range(0, weight.shape[0], max(1, weight.shape[0] // count)))
-                weight[first] = 0.0
+                units = max(1, weight.shape[0] // blocks.get(name, 1))
+                weight[0::units] = 0.0
                 if isinstance(getattr(module, "bias", None), Tensor):
-                    module.bias[first] = 0.0
+                    module.bias[0::units] = 0.0
+                for norm_name in norms.get(name, ()):
+                    _zero_units(rehearsal.get_submodule(norm_name), units)
             else:
                 weight[:, 0] = 0.0
     thin_model(rehearsal, inputs=inputs)
+
+
+def _zero_units(norm: nn.Module, units: int) -> None:
+    """A batch norm's weight and bias zeroed at channel 0 of every block of `units`."""
+    for param in (getattr(norm, "weight", None), getattr(norm, "bias", None)):
+        if isinstance(param, Tensor) and param.dim() == 1 and param.shape[0] % units == 0:
+            param[0::units] = 0.0
