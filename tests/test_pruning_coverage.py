@@ -92,12 +92,17 @@ def _masked_and_thinned(model: nn.Module, inputs: torch.Tensor
 
 
 @pytest.mark.parametrize("kind", ["torchvision", "timm-conv_mlp=False", "timm-conv_mlp=True"])
-def test_convnext_mlp_hidden_channels_are_covered_and_thin_exactly(kind: str) -> None:
-    """The MLP's hidden channels (4/5 of a block's) are ours, linear or 1x1 convolution; the
-    residual stream, which a LayerNorm normalizes, is Torch-Pruning's alone (its statistics
-    change when a channel goes, so removing a zeroed one is not exact), and says so."""
+def test_convnext_streams_under_layer_norm_are_ours_and_thin_as_renormalized(kind: str) -> None:
+    """Every channel Torch-Pruning prunes is ours: the MLP's hidden channels and the residual
+    stream a LayerNorm normalizes over. The stream's norms are masked with its filters (a
+    pruned channel leaves them zero), and the thinned model computes exactly the masked one
+    with each thinned LayerNorm normalizing its kept channels among themselves (the change
+    removing a channel from a LayerNorm's statistics makes, and nothing else)."""
     pytest.importorskip("torch_pruning", reason="the reference needs torch-pruning")
-    from compressor.budget.coverage import NORM_GAP, pruning_coverage
+    from compressor.budget.coverage import pruning_coverage
+    from compressor.thinning import thin_model
+    from compressor.thinning.recipe import is_channel_layer_norm
+    from compressor.thinning.renormalize import renormalized
 
     models = _tiny_convnexts()
     if kind not in models:
@@ -105,14 +110,27 @@ def test_convnext_mlp_hidden_channels_are_covered_and_thin_exactly(kind: str) ->
     torch.manual_seed(0)
     model, inputs = models[kind].eval(), torch.randn(2, 3, 32, 32)
     coverage = pruning_coverage(model, inputs)
-    # per block of d channels: d (depthwise) + 4 d (hidden) + d, with the stem and downsamples
-    assert coverage.channels == 336 and coverage.ours == 4 * 48, coverage
-    assert coverage.torch_pruning == coverage.channels and coverage.gaps == (
-        (NORM_GAP, coverage.channels - coverage.ours),)
-    masked, thinned = _masked_and_thinned(model, inputs)
-    assert _out_channels(model) - _out_channels(thinned) == 2 * 48  # half the hidden
+    assert coverage.channels == 336 and coverage.ours == coverage.torch_pruning == 336, coverage
+    groups = prunable_groups(model, inputs)
+    assert any(is_channel_layer_norm(model.get_submodule(norm))
+               for group in groups for norm in group.norms)
+    batchnorms = batchnorms_of(model, groups)
+    for group in groups:
+        mask_group_filters(model, group, leader_ranking(model, group)[:group.channels // 2],
+                           batchnorms)
+    thinned = copy.deepcopy(model)
+    recipe, _ = find_thinning(thinned, inputs, exact=True)
+    apply_thinning_recipe(thinned, recipe)
+    assert _out_channels(model) - _out_channels(thinned) == 336 // 2
+    with torch.no_grad(), renormalized(copy.deepcopy(model), recipe) as masked:
+        torch.testing.assert_close(thinned(inputs), masked(inputs), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(model(inputs), masked(inputs))  # the statistics did change
+    thin_model(model, inputs=inputs)  # its own check against the same reference passes
+    assert _out_channels(model) == _out_channels(thinned)
+    rebuilt = apply_thinning_recipe(_tiny_convnexts()[kind].eval(), recipe)
+    rebuilt.load_state_dict(thinned.state_dict())  # a checkpoint's recipe replays, norms too
     with torch.no_grad():
-        torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(rebuilt(inputs), thinned(inputs))
 
 
 def _macs(model: nn.Module) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 from torch import Tensor, nn
 
 from compressor.budget.groups import prunable_groups
-from compressor.thinning.recipe import THINNABLE, module_sizes
+from compressor.thinning.recipe import is_thinnable, module_sizes
 from compressor.thinning.support import dependency_graph, is_grouped, pads_channels
 
 __all__ = ["Coverage", "pruning_coverage"]
@@ -93,7 +93,7 @@ def _layer_channels(graph: Any, group: Any, ignored: set[nn.Module]
 def _gap_reason(graph: Any, group: Any) -> str:
     """Why thinning leaves a Torch-Pruning group (or part of it) alone, in a few words."""
     modules = [dep.target.module for dep, _ in group]
-    if any(isinstance(m, CHANNEL_NORMS) for m in modules):
+    if any(isinstance(m, CHANNEL_NORMS) and not is_thinnable(m) for m in modules):
         return NORM_GAP
     for module in modules:
         if isinstance(module, nn.Parameter):
@@ -103,7 +103,7 @@ def _gap_reason(graph: Any, group: Any) -> str:
             if pads_channels(module, graph):
                 return "zero-padded shortcut"
             continue
-        if not isinstance(module, THINNABLE):
+        if not is_thinnable(module):
             return f"{type(module).__name__} not thinnable"
     if any(is_grouped(m) for m in modules):
         return "grouped convolution (part of its channels, or one unit)"

@@ -25,7 +25,14 @@ from torch import Tensor, nn
 from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import group_norms
 from compressor.thinning.graph_guard import run_thinned
-from compressor.thinning.recipe import THINNABLE, apply_thinning_recipe, is_depthwise, module_sizes
+from compressor.thinning.recipe import (
+    apply_thinning_recipe,
+    is_channel_layer_norm,
+    is_depthwise,
+    is_thinnable,
+    module_sizes,
+)
+from compressor.thinning.renormalize import renormalized
 from compressor.thinning.support import dependency_graph, is_grouped, pads_channels
 from compressor.thinning.thin import find_thinning
 from compressor.training.losses import main_logits
@@ -145,7 +152,7 @@ def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str, set[int]]] | 
             if type(module).__name__ == "_OutputOp" or pads_channels(module, graph):
                 return None
             continue
-        if not isinstance(module, THINNABLE):
+        if not is_thinnable(module):
             return None
         outputs = graph.is_out_channel_pruning_fn(dep.handler)
         channels = {int(i) for i in idxs}
@@ -162,12 +169,14 @@ def _members(group: Any, graph: Any) -> list[tuple[nn.Module, str, set[int]]] | 
 
 def _whole_norms(members: list[tuple[nn.Module, str, set[int]]], names: dict[nn.Module, str]
                  ) -> tuple[str, ...]:
-    """The batch norms whose every channel is the group's: masked with the filters. (A batch
-    norm over a concatenation holds the group's channels at an offset among others: masking
-    its first channels would zero others, so it is left to the fold of the constant.)"""
+    """The batch norms (and LayerNorms over the channels) whose every channel is the group's:
+    masked with the filters, so a pruned channel leaves them zero. (A batch norm over a
+    concatenation holds the group's channels at an offset among others: masking its first
+    channels would zero others, so it is left to the fold of the constant.)"""
     return tuple(dict.fromkeys(
         names[m] for m, role, channels in members
-        if role == "through" and isinstance(m, nn.modules.batchnorm._BatchNorm)
+        if role == "through" and (isinstance(m, nn.modules.batchnorm._BatchNorm)
+                                  or is_channel_layer_norm(m))
         and channels == set(range(module_sizes(m)[0]))))
 
 
@@ -279,9 +288,10 @@ def _probe_thinning(model: nn.Module, groups: list[ChannelGroup], inputs: Tensor
     for group in groups:
         mask_group_filters(probe, group, leader_ranking(probe, group)[:group.channels // 2],
                            batchnorms)
-    with torch.no_grad():
-        reference = main_logits(probe(inputs))
+    masked = copy.deepcopy(probe)  # before thinning folds constants into it
     recipe, _ = find_thinning(probe, inputs, exact=True)
+    with torch.no_grad(), renormalized(masked, recipe):  # LayerNorms: over the kept channels
+        reference = main_logits(masked(inputs))
     apply_thinning_recipe(probe, recipe)
     try:
         error = float((run_thinned(probe, inputs, recipe) - reference).abs().max())

@@ -108,7 +108,10 @@ def _pruned_norms(model: nn.Module, policies: Sequence[Any]) -> dict[str, list[s
         pruner = getattr(policy, "pruner", None)
         if not isinstance(pruner, StructurePruner) or pruner.group_type != "Filters":
             continue
-        following = pruner.batchnorms(unwrap_model(model))
+        try:
+            following = pruner.batchnorms(unwrap_model(model))
+        except ScheduleError:
+            following = {}  # untraceable: the pruner refuses it itself when it attaches
         layers = [weight.rpartition(".")[0] for weight in pruner.weights]
         for layer in layers:
             if following.get(layer):

@@ -27,12 +27,24 @@ from torch import Tensor, nn
 from compressor.utils.errors import CheckpointError
 
 __all__ = ["RECIPE_VERSION", "THINNABLE", "apply_thinning_recipe", "compose_recipes",
-           "module_sizes", "is_depthwise"]
+           "module_sizes", "is_depthwise", "is_thinnable", "is_channel_layer_norm"]
 
 RECIPE_VERSION = 1
 # Every batch norm, including compressor.memory's InPlaceABN (its activation is applied per
 # channel, so slicing its channels is all that thinning it takes).
 THINNABLE = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear, nn.modules.batchnorm._BatchNorm)
+
+
+def is_channel_layer_norm(module: nn.Module) -> bool:
+    """A LayerNorm over one dimension, the channels (a transformer's, ConvNeXt's, timm's and
+    torchvision's LayerNorm2d): thinning slices it, and the channels it keeps are normalized
+    among themselves (compressor.thinning.renormalize)."""
+    return isinstance(module, nn.LayerNorm) and len(module.normalized_shape) == 1
+
+
+def is_thinnable(module: nn.Module) -> bool:
+    """Whether thinning knows how to remove channels of `module`."""
+    return isinstance(module, THINNABLE) or is_channel_layer_norm(module)
 
 
 def is_depthwise(module: nn.Module) -> bool:
@@ -47,6 +59,8 @@ def module_sizes(module: nn.Module) -> list[int]:
         return [module.out_features, module.in_features]
     if isinstance(module, nn.modules.conv._ConvNd):
         return [module.out_channels, module.in_channels]
+    if isinstance(module, nn.LayerNorm):
+        return [module.normalized_shape[0]] * 2
     return [module.num_features, module.num_features]
 
 
@@ -81,6 +95,12 @@ def _thin_module(module: nn.Module, name: str, entry: dict[str, Any]) -> None:
         for attr in ("weight", "bias", "running_mean", "running_var"):
             _slice_param(module, attr, 0, keep_out)
         module.num_features = len(keep_out)
+        return
+    if isinstance(module, nn.LayerNorm):
+        keep = _keep(sizes[0], sorted({*entry.get("out", ()), *entry.get("in", ())}))
+        for attr in ("weight", "bias"):
+            _slice_param(module, attr, 0, keep)
+        module.normalized_shape = (len(keep),)
         return
     if isinstance(module, nn.Linear):
         _slice_param(module, "weight", 0, keep_out)
@@ -148,7 +168,7 @@ def apply_thinning_recipe(model: nn.Module, recipe: dict[str, Any]) -> nn.Module
     modules = dict(model.named_modules())
     for name, entry in recipe.get("modules", {}).items():
         module = modules.get(name)
-        if module is None or not isinstance(module, THINNABLE):
+        if module is None or not is_thinnable(module):
             raise CheckpointError(f"thinning recipe names '{name}', which is not a thinnable "
                                   f"module of this model; rebuild with the checkpoint's arch")
         _thin_module(module, name, entry)

@@ -21,11 +21,12 @@ from compressor.models.description import description_of
 from compressor.thinning.graph_guard import run_thinned
 from compressor.thinning.recipe import (
     RECIPE_VERSION,
-    THINNABLE,
     apply_thinning_recipe,
     is_depthwise,
+    is_thinnable,
     module_sizes,
 )
+from compressor.thinning.renormalize import renormalized, renormalized_norms
 from compressor.thinning.support import dependency_graph, is_grouped, pads, pads_channels
 from compressor.training.losses import main_logits
 from compressor.utils.errors import CompressorError, UsageError
@@ -208,7 +209,7 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
             if pads_channels(module, graph):
                 return 0  # a channel padding shifts channels (a zero-padded shortcut)
             continue  # Torch-Pruning's stand-ins for functional ops need no change
-        if not isinstance(module, THINNABLE):
+        if not is_thinnable(module):
             return 0  # a layer we do not know how to thin
         is_out = graph.is_out_channel_pruning_fn(dep.handler)
         if max(idxs, default=-1) >= module_sizes(module)[0 if is_out else 1]:
@@ -390,6 +391,12 @@ def _working_copy(model: nn.Module, inputs: Tensor) -> tuple[nn.Module, Tensor, 
         return work, inputs, main_logits(work(inputs))
 
 
+def _as(model: nn.Module, inputs: Tensor) -> nn.Module:
+    """A copy of `model` in the working copy's dtype (that of `inputs`)."""
+    return copy.deepcopy(model).to(inputs.dtype) if inputs.is_floating_point() else (
+        copy.deepcopy(model))
+
+
 def thin_model(model: nn.Module, *, exact: bool = True, inputs: Tensor | None = None,
                atol: float = 1e-5) -> dict[str, Any]:
     """Remove zeroed filters/channels of `model` in place and return this thinning's recipe.
@@ -414,6 +421,9 @@ def thin_model(model: nn.Module, *, exact: bool = True, inputs: Tensor | None = 
         # folds and slices happen on the copy; `model` stays intact until the check passes
         work, inputs, reference = _working_copy(model, inputs)
         recipe, _ = find_thinning(work, inputs, exact)
+        if renormalized_norms(model, recipe):  # a LayerNorm keeps fewer channels: by design
+            with torch.no_grad(), renormalized(_as(model, inputs), recipe) as renormalizing:
+                reference = main_logits(renormalizing(inputs))
         apply_thinning_recipe(work, recipe)
         error = float((run_thinned(work, inputs, recipe) - reference).abs().max())
         if exact and error > atol * max(1.0, float(reference.abs().max())):
