@@ -272,3 +272,32 @@ def test_api_budget_takes_amp() -> None:
     with pytest.raises(UsageError, match="amp='fp8'"):
         cz.compress_to_budget(model, None, lambda m: {"top1": 1.0, "loss": 0.0}, macs=0.5,
                               amp="fp8")
+
+
+@pytest.mark.slow
+def test_compile_trains_with_masks_and_resumes_without_it(tmp_path: Path) -> None:
+    """--compile runs the training step through torch.compile: AGP's masked weights stay exactly
+    zero, the checkpoint records it and holds the module's own names, and a resume without
+    --compile continues it (the same step, unfused)."""
+    schedule = tmp_path / "agp.yaml"
+    schedule.write_text(yaml.safe_dump(PRUNE))
+    train = (*COMMON, "--etrs", "0.1", "--compress", str(schedule), "-o", str(tmp_path))
+    _ok(run_cli(*train, "--compile", "--epochs", "1", "-n", "compiled"))
+    first = tmp_path / "compiled" / "checkpoint.pth.tar"
+    checkpoint = load_checkpoint(first)
+    assert checkpoint["precision"]["compile"] is True
+    assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
+    masks = checkpoint["compression"]
+    assert masks, "the schedule's masks are saved"
+    weight = checkpoint["state_dict"]["conv2.weight"]
+    assert 0.25 < float((weight == 0).float().mean()) < 0.75
+    _ok(run_cli(*train, "--epochs", "2", "-n", "resumed", "--resume-from", str(first)))
+    resumed = load_checkpoint(tmp_path / "resumed" / "checkpoint.pth.tar")
+    assert resumed["precision"]["compile"] is False and resumed["epoch"] == 1
+
+
+def test_compile_refusals() -> None:
+    assert_user_error(run_main("-a", "simplenet_digits", "--compile", "--memory-efficient",
+                               "recompute"), "--compile cannot trace --memory-efficient")
+    assert_user_error(run_main("-a", "simplenet_digits", "-e", "--compile"),
+                      "--compile sets how training runs")

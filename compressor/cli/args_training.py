@@ -17,7 +17,7 @@ AMP_CHOICES = AMP_NAMES  # --amp's values
 
 def add_training_args(parser: argparse.ArgumentParser) -> None:
     """--epochs, --lr, --lr-head, --bn-momentum, --bn-recalibrate, --momentum, --wd, -p, --amp,
-    --channels-last."""
+    --channels-last, --compile."""
     group = parser.add_argument_group(
         "training", "epochs and the SGD optimizer (a checkpoint to resume from: see run)")
     group.add_argument("--epochs", type=integer(0, INT_MAX), default=90,
@@ -51,6 +51,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--channels-last", dest="channels_last", action="store_true",
                        help="train and validate in the channels-last memory format (faster "
                             "convolutions on tensor cores and oneDNN)")
+    group.add_argument("--compile", dest="compile", action="store_true",
+                       help="run the training step's forward through torch.compile (the "
+                            "first steps compile; checkpoints and evaluation use the module)")
 
 
 def add_run_args(parser: argparse.ArgumentParser) -> None:

@@ -31,6 +31,7 @@ def check_args(args: argparse.Namespace) -> None:
     _check_distillation(args)
     _check_epoch_reports(args)
     _check_training_settings(args)
+    _check_compile(args)
     _check_memory_budget(args)
     _check_recalibration(args)
     _check_quantization(args)
@@ -52,10 +53,21 @@ def _check_training_settings(args: argparse.Namespace) -> None:
     for flag, on in (("--bn-momentum", args.bn_momentum is not None),
                      ("--lr-head", args.lr_head is not None),
                      ("--memory-efficient auto", args.memory_efficient == AUTO),
-                     ("--amp", args.amp is not None), ("--channels-last", args.channels_last)):
+                     ("--amp", args.amp is not None), ("--channels-last", args.channels_last),
+                     ("--compile", args.compile)):
         if on:
             raise UsageError(f"{flag} sets how training runs, and {mode} trains none; drop "
                              f"{flag} (or {mode})")
+
+
+def _check_compile(args: argparse.Namespace) -> None:
+    """--compile traces the training forward with torch.compile: refused with the memory
+    variants, whose recomputation in backward (dispatch modes, frozen batch-norm statistics)
+    it does not trace."""
+    if args.compile and args.memory_efficient is not None:
+        raise UsageError("--compile cannot trace --memory-efficient's recomputation in "
+                         "backward; drop one of them (the memory variants save memory, "
+                         "--compile time)")
 
 
 def _check_recalibration(args: argparse.Namespace) -> None:

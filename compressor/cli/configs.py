@@ -96,7 +96,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
                        compress=_path(args.compress), reset_optimizer=args.reset_optimizer,
                        distillation=distillation_config(args), reports=reports,
                        bn_momentum=args.bn_momentum, bn_recalibrate=args.bn_recalibrate,
-                       precision=Precision(amp=args.amp, channels_last=args.channels_last))
+                       precision=Precision(amp=args.amp, channels_last=args.channels_last,
+                                           compile=args.compile))
 
 
 def quantize_settings(args: argparse.Namespace) -> QuantSettings:

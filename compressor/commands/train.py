@@ -7,7 +7,7 @@ import gc
 import logging
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -84,11 +84,12 @@ def _precision_flags(precision: Precision) -> str:
 
 def check_resume_precision(config: TrainConfig, setup: RunSetup) -> None:
     """A resume computes its epochs as the checkpoint's were computed (exact resume): --amp and
-    --channels-last must be the ones it records (--reset-optimizer starts a new run)."""
+    --channels-last must be the ones it records (--reset-optimizer starts a new run); --compile
+    may change (it computes the same step, fused)."""
     if setup.checkpoint is None or config.reset_optimizer or "epoch" not in setup.checkpoint:
         return
     recorded = Precision.from_record(setup.checkpoint.get("precision"))
-    if recorded != config.precision:
+    if replace(recorded, compile=config.precision.compile) != config.precision:
         raise UsageError(f"{setup.checkpoint_path} trained with {_precision_flags(recorded)}, "
                          f"and this resume asks for {_precision_flags(config.precision)}; "
                          f"repeat its flags to continue it exactly, or add --reset-optimizer to "
@@ -281,6 +282,7 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
     if distillation is not None:
         LOG.info("%s", distillation.describe())
     net = _wrap(model, ctx)
+    step_net = precision.compiled(net)  # --compile: the training forward only
     loader_cfg: LoaderConfig = config.loader
     monitor_set = data.val if data.val is not None else data.test
     monitor = eval_loader(monitor_set, loader_cfg.batch_size, loader_cfg.workers, ctx)
@@ -300,17 +302,22 @@ def run_training(setup: RunSetup, ctx: DistContext, model: nn.Module, data: Data
             rng=get_rng_state(), history=state.history, precision=precision.record(),
             grad_scaler=scaler.state_dict() if scaler is not None else None, **(extra or {}))
 
+    compiled_for = _parameter_ids(model)
     with _heap_frozen(), reports:
         for epoch in range(state.start_epoch, config.epochs):
             seed_everything(epoch_seed(setup.seed, epoch, ctx.rank))
             before = fingerprint(model)
-            net = _begin_epoch(compression, epoch, model, net, ctx, precision)
+            rewrapped = _begin_epoch(compression, epoch, model, net, ctx, precision)
+            if rewrapped is not net or _parameter_ids(model) != compiled_for:
+                step_net = precision.compiled(rewrapped)  # new shapes: a new graph
+            net, compiled_for = rewrapped, _parameter_ids(model)
             loader = train_loader(data.train, loader_cfg.batch_size, loader_cfg.workers,
                                   setup.seed, epoch, ctx)
             lr = optimizer.param_groups[0]["lr"]
-            trained, epoch_loss = net, loss_fn
+            trained, epoch_loss = step_net, loss_fn
             if distillation is not None:
-                trained, epoch_loss = distillation.wrap(net), distillation.loss_for_epoch(epoch)
+                trained, epoch_loss = (distillation.wrap(step_net),
+                                       distillation.loss_for_epoch(epoch))
             train = train_one_epoch(trained, loader, epoch_loss, optimizer, ctx.device, epoch,
                                     hooks=compression, print_freq=config.print_freq,
                                     reduce=reduce, precision=precision, scaler=scaler)

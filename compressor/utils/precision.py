@@ -29,6 +29,7 @@ class Precision:
 
     amp: str | None = None
     channels_last: bool = False
+    compile: bool = False  # --compile: the training step's forward through torch.compile
 
     def __post_init__(self) -> None:
         if self.amp is not None and self.amp not in AMP_DTYPES:
@@ -41,16 +42,18 @@ class Precision:
             return cls()
         amp = record.get("amp")
         return cls(amp=amp if amp in AMP_DTYPES else None,
-                   channels_last=bool(record.get("channels_last", False)))
+                   channels_last=bool(record.get("channels_last", False)),
+                   compile=bool(record.get("compile", False)))
 
     def record(self) -> dict[str, Any]:
         """Plain values for a checkpoint."""
-        return {"amp": self.amp, "channels_last": self.channels_last}
+        return {"amp": self.amp, "channels_last": self.channels_last, "compile": self.compile}
 
     def describe(self) -> str:
         """In words, for a log line."""
         amp = f"mixed precision ({self.amp} autocast)" if self.amp else "fp32"
-        return amp + (", channels-last memory format" if self.channels_last else "")
+        return amp + (", channels-last memory format" if self.channels_last else "") + (
+            ", torch.compile" if self.compile else "")
 
     @property
     def dtype(self) -> torch.dtype | None:
@@ -72,6 +75,11 @@ class Precision:
         if self.channels_last and x.dim() == 4:
             return x.contiguous(memory_format=torch.channels_last)
         return x
+
+    def compiled(self, net: nn.Module) -> nn.Module:
+        """`net` as the training step runs it: through torch.compile with --compile (the
+        module itself is what is saved and evaluated), else `net`."""
+        return torch.compile(net) if self.compile else net  # type: ignore[return-value]
 
     def prepare(self, model: nn.Module) -> nn.Module:
         """The model (in place) in this memory format; parameters keep their identity."""
