@@ -235,6 +235,35 @@ def test_a_stream_twice_as_wide_as_its_producers_is_one_group_and_thins_exactly(
     assert int(primary.sum()) == 4 and torch.equal(shortcut, primary.repeat(2))
 
 
+def test_a_channel_reaching_a_concatenation_twice_thins_as_one() -> None:
+    """GhostNet's stride-2 block: a ghost module's primary channel j is the concatenation's
+    channel j and, through its depthwise copy, channel j + width; a depthwise convolution over
+    the concatenation then reads both. Torch-Pruning names the two by different roots; they
+    are one channel, pruned and thinned together, exactly."""
+    class GhostDown(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = coupled_nets.conv_bn(3, 16, stride=2)
+            self.ghost = coupled_nets.GhostModule(16, 24)
+            self.down = coupled_nets.conv_bn(24, 24, stride=2, groups=24, act=False)
+            self.head = coupled_nets.conv_bn(24, 16, kernel=1)
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = self.head(self.down(self.ghost(self.stem(x))))
+            return self.fc(x.mean((2, 3)))
+
+    torch.manual_seed(0)
+    model, inputs = trained_like_batchnorms(GhostDown()).eval(), torch.randn(4, 3, 32, 32)
+    primary = next(g for g in prunable_groups(model, inputs)
+                   if g.leader == "ghost.primary.0.weight")
+    assert primary.channels == 12 and "down.1" in primary.norms
+    masked, thinned = _masked_and_thinned(model, inputs)
+    with torch.no_grad():
+        torch.testing.assert_close(thinned(inputs), masked, atol=1e-5, rtol=1e-5)
+    assert thinned.ghost.primary[0].out_channels == 6 and thinned.down[0].out_channels == 12
+
+
 def test_a_norm_over_a_concatenation_is_not_masked_at_the_wrong_channels() -> None:
     """A dense layer's new channels reach the next layers' batch norms at an offset of the
     concatenation: those norms are no group's to mask (masking their first channels would zero

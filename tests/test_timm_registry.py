@@ -59,8 +59,8 @@ FAMILIES = (
     # the budget search masks the identity-branch norms with the stream (its own schedule);
     # a plain filter schedule on one branch keeps its channels
     Family("repvgg_a0", ("stages.0.0.conv_kxk.conv.weight",), thinning=KEEPS),
-    Family("ghostnet_050", ("blocks.1.0.ghost1.primary_conv.0.weight",),
-           thinning="thinning cannot follow the channels of GhostNet"),
+    # a primary filter's channel reaches the concatenation twice (itself, its depthwise copy)
+    Family("ghostnet_050", ("blocks.1.0.ghost1.primary_conv.0.weight",)),
     Family("vit_tiny_patch16_224", ("blocks.0.mlp.fc1.weight",), "Rows"),
     Family("deit_tiny_patch16_224", ("blocks.0.attn.qkv.weight",), "Rows",
            thinning="thinning cannot follow the channels of VisionTransformer"),

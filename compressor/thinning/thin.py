@@ -222,9 +222,13 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
     if not producers or not consumers:
         return 0
     unused = _unused_roots(consumers)
-    dead = {r for _, _, rs in producers for r in rs}
-    for module, idxs, rs in producers:
-        dead -= {r for r, zero in zip(rs, _zero_slices(module, idxs), strict=True) if not zero}
+    same = _same_channel_roots(group)
+    live = {r for module, idxs, rs in producers
+            for r, zero in zip(rs, _zero_slices(module, idxs), strict=True) if not zero}
+    # a dead channel is dead under every root it has (GhostNet: a primary filter's channel
+    # reaches the concatenation directly and through its depthwise copy)
+    dead = {c for _, _, rs in producers for r in rs for c in same.get(r, {r})}
+    dead -= {c for r in live for c in same.get(r, {r})}
     if not _balanced(items, dead):
         _refuse_grouped(items, names)  # filters zeroed unevenly: not pruned in whole units
     dead -= unused
@@ -248,7 +252,7 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
                     dead.discard(r)  # zero padding makes the constant position-dependent
                 else:
                     folds.setdefault(module, {})[i] = value
-    dead = _even_out(items, dead | unused)
+    dead = _whole(_even_out(items, dead | unused), same)
     if not dead:
         return 0
     for module, is_out, idxs, rs in items:
@@ -272,6 +276,43 @@ def _consumer_idxs(consumers: list[tuple[nn.Module, list[int], list[int]]], modu
         if m is module:
             return idxs, rs
     return [], []
+
+
+def _same_channel_roots(group: Any) -> dict[int, set[int]]:
+    """Root index -> every root index naming the same channel. Torch-Pruning follows a channel
+    along each path it takes and keeps, per node, the root index of the last path (GhostNet's
+    primary convolution gets its depthwise copy's); a node's channel i and the channel i of the
+    node it reads, where both hold the same indices, are one channel."""
+    by_node: dict[Any, dict[int, int]] = {}
+    for item in group.items:
+        by_node.setdefault(item.dep.target, {}).update(
+            zip((int(i) for i in item.idxs), (int(r) for r in item.root_idxs), strict=True))
+    parent: dict[int, int] = {}
+
+    def find(root: int) -> int:
+        while parent.get(root, root) != root:
+            root = parent[root]
+        return root
+
+    for item in group.items:
+        source = by_node.get(item.dep.source)
+        target = dict(zip((int(i) for i in item.idxs), (int(r) for r in item.root_idxs),
+                          strict=True))
+        if source is None or set(source) != set(target):
+            continue  # a concatenation, a split or a reshape: the indices differ
+        for index, root in target.items():
+            a, b = find(source[index]), find(root)
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    classes: dict[int, set[int]] = {}
+    for root in set(parent) | set(parent.values()):
+        classes.setdefault(find(root), set()).add(root)
+    return {root: members for members in classes.values() for root in members}
+
+
+def _whole(dead: set[int], same: dict[int, set[int]]) -> set[int]:
+    """`dead` less every channel some of whose roots are not dead (kept whole: exact)."""
+    return {r for r in dead if same.get(r, {r}) <= dead}
 
 
 def _root_idxs(group: Any, dep: Any) -> list[int]:
