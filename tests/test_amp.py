@@ -3,6 +3,7 @@ resume, on the CPU (bf16 autocast runs there); refusals where nothing trains."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,8 @@ def pruned(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.mark.slow
 def test_bf16_pruning_keeps_masked_weights_exactly_zero(pruned: dict[str, Path]) -> None:
     checkpoint = load_checkpoint(pruned["full"] / "checkpoint.pth.tar")
-    assert checkpoint["precision"] == {"amp": "bf16", "channels_last": False}
+    assert checkpoint["precision"] == {"amp": "bf16", "channels_last": False,
+                                       "compile": False}
     assert checkpoint["args"]["amp"] == "bf16"
     masks = checkpoint["compression"]["policies"][0]["masks"]
     assert set(masks) == {"conv2.weight", "conv3.weight"}
@@ -190,7 +192,7 @@ def test_channels_last_run_uses_the_format(tmp_path: Path) -> None:
     _ok(run_main(*COMMON, "--amp", "bf16", "--channels-last", "--epochs", "1", "--etrs", "0.1",
                  "-o", str(tmp_path), "-n", "cl"))
     checkpoint = load_checkpoint(tmp_path / "cl" / "checkpoint.pth.tar")
-    assert checkpoint["precision"] == {"amp": "bf16", "channels_last": True}
+    assert checkpoint["precision"] == {"amp": "bf16", "channels_last": True, "compile": False}
     assert checkpoint["state_dict"]["conv1.weight"].is_contiguous(
         memory_format=torch.channels_last)
 
@@ -262,7 +264,9 @@ def test_budget_run_searches_and_times_in_the_runs_precision(tmp_path: Path) -> 
                 "--epochs", "1", "--amp", "bf16", "--channels-last", "-b", "64", "-j", "0",
                 "-p", "0", "--etrs", "0.1", "-o", str(tmp_path), "-n", "budget"))
     state = load_checkpoint(tmp_path / "budget" / "checkpoint.pth.tar")["budget"]
-    assert state["precision"] == {"amp": "bf16", "channels_last": True}
+    assert state["precision"] == {"amp": "bf16", "channels_last": True, "compile": False}
+    report = json.loads((tmp_path / "budget" / "budget.json").read_text())
+    assert report["search"]["precision"] == state["precision"]
     setting = _latency_setting({**state, "latency": {"batch": 2, "threads": 1}}, "cpu")
     assert setting is not None and setting.precision == Precision("bf16", channels_last=True)
 

@@ -189,6 +189,8 @@ def budget_report(state: Mapping[str, Any], model: nn.Module, final_figures: Map
                        "seconds": float(state.get("search_seconds", 0.0)),
                        "met_before_fine_tune": bool(state.get("search_met")),
                        "channel_multiple": int(state.get("channel_multiple", 1)),
+                       # the autocast and memory format candidates were scored and timed in
+                       "precision": state.get("precision"),
                        "batch_norm_recalibration": state.get("recalibration")},
             "fine_tune": dict(fine_tune), "speed": dict(speed) if speed else None}
 
