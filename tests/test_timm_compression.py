@@ -18,7 +18,8 @@ from compressor.pruning.graph import following_batchnorms
 from compressor.schedule import load_schedule
 from compressor.thinning.support import dependency_graph
 from compressor.thinning.thin import thin_model
-from compressor.utils.errors import ScheduleError, UsageError
+from compressor.utils.errors import UsageError
+from tests.conftest import trained_like_batchnorms
 
 timm = pytest.importorskip("timm", reason="install the timm extra: pip install -e '.[timm]'")
 
@@ -47,23 +48,32 @@ def _filters_schedule(path: Path, weights: list[str]) -> Path:
     return path
 
 
-def test_a_slice_thinning_cannot_follow_is_refused_when_the_schedule_loads(
-        tmp_path: Path) -> None:
-    """GhostNet keeps `cat([primary, cheap])[:, :out]`: thinning a primary convolution breaks
-    the forward, found by a rehearsal on a copy before any epoch runs."""
-    model = _tiny("ghostnet_050")
+def test_a_ghost_modules_channel_thins_in_both_halves_or_stays(tmp_path: Path) -> None:
+    """GhostNet concatenates a primary convolution's channels with their depthwise copies: the
+    two halves of a channel go together or stay together (a copy that is not provably zero
+    keeps both), never one alone (the forward broke); zeroed with the norms it passes through,
+    both go. A filter schedule on it loads (its rehearsal thins a copy)."""
+    model = trained_like_batchnorms(_tiny("ghostnet_050"))  # batch norms with shifts
     layer = "blocks.1.0.ghost1.primary_conv.0"
+    alone = copy.deepcopy(model)
     with torch.no_grad():
-        model.get_submodule(layer).weight[0] = 0
-    with pytest.raises(UsageError, match="thinning cannot follow the channels of GhostNet.*"
-                                         "its forward fails"):
-        thin_model(copy.deepcopy(model))
+        alone.get_submodule(layer).weight[0] = 0
+    thin_model(alone)  # exact, whether the channel's copy is provably zero here or not
+    kept = alone.get_submodule(layer).out_channels
+    assert kept in (11, 12) and alone.get_submodule("blocks.1.0.conv_dw").out_channels == 2 * kept
+    with torch.no_grad():
+        for name in (layer, "blocks.1.0.ghost1.primary_conv.1",
+                     "blocks.1.0.ghost1.cheap_operation.1"):
+            module = model.get_submodule(name)
+            module.weight[0] = 0
+            if getattr(module, "bias", None) is not None:
+                module.bias[0] = 0
+    thinned = copy.deepcopy(model)
+    thin_model(thinned)
+    assert thinned.get_submodule(layer).out_channels == 11
+    assert thinned.get_submodule("blocks.1.0.conv_dw").out_channels == 22  # both halves
     schedule = _filters_schedule(tmp_path / "filters.yaml", [f"{layer}.weight"])
-    before = {key: value.clone() for key, value in model.state_dict().items()}
-    with pytest.raises(ScheduleError, match=r"filters\.yaml: thinning cannot follow"):
-        load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
-    after = model.state_dict()
-    assert all(torch.equal(before[key], after[key]) for key in before)  # a copy rehearsed
+    load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def test_channel_groups_that_never_complete_are_refused() -> None:
@@ -76,11 +86,17 @@ def test_channel_groups_that_never_complete_are_refused() -> None:
 
 def test_a_budget_search_keeps_only_groups_that_thin_exactly() -> None:
     """A ViT block's qkv rows are viewed per head (a fixed-size reshape that thinning breaks);
-    its MLP's hidden features thin exactly: the search may shrink those alone."""
+    its MLP's hidden features and its residual stream (the LayerNorms masked with it) thin
+    exactly: the search may shrink those alone."""
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=5)
     groups = prunable_groups(model.eval(), torch.randn(1, *TINY))
-    assert [group.weights for group in groups] == [("blocks.0.mlp.fc1.weight",)]
+    assert sorted(group.weights for group in groups) == [
+        ("blocks.0.mlp.fc1.weight",),
+        ("patch_embed.proj.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.fc2.weight")]
+    stream = next(group for group in groups if len(group.weights) == 3)
+    assert set(stream.norms) == {"norm", "blocks.0.norm1", "blocks.0.norm2"}
+    assert not any("qkv" in weight for group in groups for weight in group.weights)
 
 
 def test_eval_caches_survive_graph_traces() -> None:

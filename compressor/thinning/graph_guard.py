@@ -93,7 +93,7 @@ def check_converges(graph: Any, model: nn.Module) -> None:
 def run_thinned(model: nn.Module, inputs: Tensor, recipe: dict[str, Any]) -> Tensor:
     """The main logits of `model`, thinned by `recipe`, on `inputs`; a forward that fails
     (Torch-Pruning followed the channels into a slice or a reshape of fixed sizes that it
-    does not adjust: GhostNet's `[:, :out_chs]`, a ViT's per-head qkv view) is a UsageError
+    does not adjust: a ViT's per-head qkv view, LeViT's attention) is a UsageError
     naming the first thinned layer."""
     try:
         with torch.no_grad():
