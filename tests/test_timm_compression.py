@@ -18,7 +18,7 @@ from compressor.pruning.graph import following_batchnorms
 from compressor.schedule import load_schedule
 from compressor.thinning.support import dependency_graph
 from compressor.thinning.thin import thin_model
-from compressor.utils.errors import UsageError
+from compressor.utils.errors import ScheduleError, UsageError
 from tests.conftest import trained_like_batchnorms
 
 timm = pytest.importorskip("timm", reason="install the timm extra: pip install -e '.[timm]'")
@@ -74,6 +74,31 @@ def test_a_ghost_modules_channel_thins_in_both_halves_or_stays(tmp_path: Path) -
     assert thinned.get_submodule("blocks.1.0.conv_dw").out_channels == 22  # both halves
     schedule = _filters_schedule(tmp_path / "filters.yaml", [f"{layer}.weight"])
     load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_a_reshape_thinning_cannot_follow_is_refused_when_the_schedule_loads(
+        tmp_path: Path) -> None:
+    """A ViT's qkv rows are viewed per head (a reshape of fixed sizes): thinning one head
+    channel (its query, key and value rows, which go only together) breaks the forward, found
+    by a rehearsal on a copy before any epoch runs."""
+    model = _tiny("deit_tiny_patch16_224")
+    schedule = tmp_path / "rows.yaml"
+    schedule.write_text(yaml.safe_dump({
+        "version": 1,
+        "pruners": {"p": {"class": "L1RankedStructureParameterPruner_AGP",
+                          "initial_sparsity": 0.1, "final_sparsity": 0.5,
+                          "group_type": "Rows", "weights": ["blocks.0.attn.qkv.weight"]}},
+        "extensions": {"thinner": {"class": "FilterRemover",
+                                   "thinning_func_str": "remove_filters"}},
+        "policies": [{"pruner": {"instance_name": "p"}, "starting_epoch": 0,
+                      "ending_epoch": 2, "frequency": 1},
+                     {"extension": {"instance_name": "thinner"}, "epochs": [1]}]}))
+    before = {key: value.clone() for key, value in model.state_dict().items()}
+    with pytest.raises(ScheduleError, match=r"rows\.yaml: thinning cannot follow the channels "
+                                            "of VisionTransformer"):
+        load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    after = model.state_dict()
+    assert all(torch.equal(before[key], after[key]) for key in before)  # a copy rehearsed
 
 
 def test_channel_groups_that_never_complete_are_refused() -> None:

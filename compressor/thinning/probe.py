@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from compressor.thinning.support import dependency_graph
 from compressor.thinning.thin import thin_model
 
 __all__ = ["rehearse_thinning"]
@@ -28,6 +30,8 @@ def rehearse_thinning(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[s
     blocks = blocks or {}
     norms = norms or {}
     rehearsal = copy.deepcopy(model)
+    layers = list(layers)
+    graph = dependency_graph(rehearsal, inputs) if any(out for _, out in layers) else None
     with torch.no_grad():
         for name, outputs in layers:
             module = rehearsal.get_submodule(name)
@@ -37,14 +41,28 @@ def rehearse_thinning(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[s
                 continue  # a layer of one filter is kept whole
             if outputs:
                 units = max(1, weight.shape[0] // blocks.get(name, 1))
-                weight[0::units] = 0.0
+                rows = _coupled_rows(graph, module, list(range(0, weight.shape[0], units)))
+                weight[rows] = 0.0
                 if isinstance(getattr(module, "bias", None), Tensor):
-                    module.bias[0::units] = 0.0
+                    module.bias[rows] = 0.0
                 for norm_name in norms.get(name, ()):
                     _zero_units(rehearsal.get_submodule(norm_name), units)
             else:
                 weight[:, 0] = 0.0
     thin_model(rehearsal, inputs=inputs)
+
+
+def _coupled_rows(graph: Any, module: nn.Module, rows: list[int]) -> list[int]:
+    """`rows` and the other filters of `module` that Torch-Pruning couples with them, which
+    thinning removes only together (a ViT's qkv: one head channel's query, key and value)."""
+    pruner = graph.get_pruner_of_module(module) if graph is not None else None
+    if pruner is None:
+        return rows
+    found = set(rows)
+    for dep, idxs in graph.get_pruning_group(module, pruner.prune_out_channels, rows):
+        if dep.target.module is module and graph.is_out_channel_pruning_fn(dep.handler):
+            found.update(int(i) for i in idxs)
+    return sorted(found)
 
 
 def _zero_units(norm: nn.Module, units: int) -> None:
