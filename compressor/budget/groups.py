@@ -32,7 +32,7 @@ from compressor.thinning.recipe import (
     is_thinnable,
     module_sizes,
 )
-from compressor.thinning.renormalize import renormalized
+from compressor.thinning.renormalize import renormalized, renormalized_norms
 from compressor.thinning.support import dependency_graph, is_grouped, pads_channels
 from compressor.thinning.thin import find_thinning
 from compressor.training.losses import main_logits
@@ -288,10 +288,16 @@ def _probe_thinning(model: nn.Module, groups: list[ChannelGroup], inputs: Tensor
     for group in groups:
         mask_group_filters(probe, group, leader_ranking(probe, group)[:group.channels // 2],
                            batchnorms)
-    masked = copy.deepcopy(probe)  # before thinning folds constants into it
+    with torch.no_grad():
+        reference = main_logits(probe(inputs))
+    # a LayerNorm that thinning shrinks normalizes its kept channels: the reference then comes
+    # from the masked model as it was before thinning folds constants into it
+    masked = (copy.deepcopy(probe) if any(is_channel_layer_norm(m) for m in probe.modules())
+              else None)
     recipe, _ = find_thinning(probe, inputs, exact=True)
-    with torch.no_grad(), renormalized(masked, recipe):  # LayerNorms: over the kept channels
-        reference = main_logits(masked(inputs))
+    if masked is not None and renormalized_norms(masked, recipe):
+        with torch.no_grad(), renormalized(masked, recipe):
+            reference = main_logits(masked(inputs))
     apply_thinning_recipe(probe, recipe)
     try:
         error = float((run_thinned(probe, inputs, recipe) - reference).abs().max())
