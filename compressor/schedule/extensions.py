@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from compressor.models.description import described, unwrap_model
 from compressor.pruning.structured import StructurePruner
 from compressor.thinning.probe import rehearse_thinning
-from compressor.thinning.support import check_thinnable
+from compressor.thinning.support import check_thinnable, dependency_graph
 from compressor.thinning.transform import probe_batch, thin
 from compressor.utils.errors import ScheduleError, UsageError
 
@@ -130,8 +130,10 @@ def check_schedule_thinning(model: nn.Module, policies: Sequence[Any], source: s
         return
     blocks = _unit_blocks(model, policies)
     norms = _pruned_norms(model, policies)
+    plain, inputs = unwrap_model(model), probe_batch(model)
     try:
-        check_thinnable(unwrap_model(model), probe_batch(model), layers, blocks)
-        rehearse_thinning(unwrap_model(model), probe_batch(model), layers, blocks, norms)
+        graph = dependency_graph(plain, inputs)  # one trace for the check and the rehearsal
+        check_thinnable(plain, inputs, layers, blocks, graph)
+        rehearse_thinning(plain, inputs, layers, blocks, norms, graph)
     except UsageError as exc:
         raise ScheduleError(f"{source}: {exc}") from None

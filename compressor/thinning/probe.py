@@ -20,18 +20,20 @@ __all__ = ["rehearse_thinning"]
 
 def rehearse_thinning(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[str, bool]],
                       blocks: Mapping[str, int] | None = None,
-                      norms: Mapping[str, Sequence[str]] | None = None) -> None:
+                      norms: Mapping[str, Sequence[str]] | None = None,
+                      graph: Any = None) -> None:
     """Thin a copy of `model` whose `layers` ((module name, True for its filters / False for
     its input channels)) each have their first filter or input channel zeroed (the first of
     each block where `blocks` names how many blocks the layer's filters go in), with the
     batch norms `norms` names for the layer zeroed at the same channels (as a structure
     pruner masks them); thinning's refusals (UsageError) pass through, `model` is left as it
-    was."""
+    was. `graph`: the model's dependency_graph, where the caller has it."""
     blocks = blocks or {}
     norms = norms or {}
-    rehearsal = copy.deepcopy(model)
     layers = list(layers)
-    graph = dependency_graph(rehearsal, inputs) if any(out for _, out in layers) else None
+    if graph is None and any(out for _, out in layers):
+        graph = dependency_graph(model, inputs)
+    rehearsal = copy.deepcopy(model)
     with torch.no_grad():
         for name, outputs in layers:
             module = rehearsal.get_submodule(name)
@@ -41,7 +43,8 @@ def rehearse_thinning(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[s
                 continue  # a layer of one filter is kept whole
             if outputs:
                 units = max(1, weight.shape[0] // blocks.get(name, 1))
-                rows = _coupled_rows(graph, module, list(range(0, weight.shape[0], units)))
+                rows = _coupled_rows(graph, model.get_submodule(name),
+                                     list(range(0, weight.shape[0], units)))
                 weight[rows] = 0.0
                 if isinstance(getattr(module, "bias", None), Tensor):
                     module.bias[rows] = 0.0

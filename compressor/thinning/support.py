@@ -133,12 +133,13 @@ def _coupled_modules(graph: Any, module: nn.Module, outputs: bool) -> list[nn.Mo
 
 
 def check_thinnable(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[str, bool]],
-                    blocks: Mapping[str, int] | None = None) -> None:
+                    blocks: Mapping[str, int] | None = None, graph: Any = None) -> None:
     """Refuse, in one line, thinning the channels of `layers` ((module name, True for its
     filters / False for its input channels)) where a grouped convolution shares them, unless
-    they go in units of its groups (`blocks`: layer -> the pruner's channel_groups)."""
+    they go in units of its groups (`blocks`: layer -> the pruner's channel_groups). `graph`:
+    the model's dependency_graph, where the caller has it."""
     blocks = blocks or {}
-    graph = dependency_graph(model, inputs)
+    graph = graph if graph is not None else dependency_graph(model, inputs)
     names = {module: name for name, module in model.named_modules()}
     modules = dict(model.named_modules())
     for layer, outputs in layers:
