@@ -27,7 +27,7 @@ from tests.conftest import run_cli, trained_like_batchnorms
 from tests.fixtures import coupled_nets
 
 FIXTURES = ("AllFourNet", "SEInvertedResidualNet", "DenseGroupedNet", "LayerScaleNet",
-            "RepBranchNet", "GhostStreamNet")
+            "RepBranchNet", "GhostStreamNet", "HeadAttentionNet")
 CODE = Path(coupled_nets.__file__).resolve()
 COMMON = ("-j", "0", "-p", "0", "-b", "32", "--deterministic")
 SPLITS = ("--etrs", "0.05", "--etes", "0.1", "--evs", "0.2")

@@ -42,6 +42,7 @@ class Family:
     name: str
     prune: tuple[str, ...]
     group: str = "Filters"
+    channel_groups: int = 1
     thinning: str = WORKS
     budget: str = WORKS
     int8: str = WORKS
@@ -62,8 +63,8 @@ FAMILIES = (
     # a primary filter's channel reaches the concatenation twice (itself, its depthwise copy)
     Family("ghostnet_050", ("blocks.1.0.ghost1.primary_conv.0.weight",)),
     Family("vit_tiny_patch16_224", ("blocks.0.mlp.fc1.weight",), "Rows"),
-    Family("deit_tiny_patch16_224", ("blocks.0.attn.qkv.weight",), "Rows",
-           thinning="thinning cannot follow the channels of VisionTransformer"),
+    # one unit of qkv's rows is one dimension of each of the 3 heads in q, k and v
+    Family("deit_tiny_patch16_224", ("blocks.0.attn.qkv.weight",), "Rows", channel_groups=9),
     Family("levit_128s", ("stages.0.blocks.0.mlp.ln1.linear.weight",), "Rows"),
     Family("efficientvit_m0", ("stages.0.blocks.0.ffn0.m.pw1.conv.weight",),
            thinning="do not converge", budget="do not converge",
@@ -178,9 +179,11 @@ def test_agp_pruning_reaches_its_sparsity(runs: Runs) -> None:
 
 def test_filter_pruning_and_thinning(runs: Runs) -> None:
     family = runs.family
-    schedule = _schedule(runs.out / "filters.yaml", {
-        "class": "L1RankedStructureParameterPruner_AGP", "initial_sparsity": 0.3,
-        "final_sparsity": 0.5, "group_type": family.group, "weights": list(family.prune)}, {
+    pruner = {"class": "L1RankedStructureParameterPruner_AGP", "initial_sparsity": 0.3,
+              "final_sparsity": 0.5, "group_type": family.group, "weights": list(family.prune)}
+    if family.channel_groups > 1:
+        pruner["channel_groups"] = family.channel_groups
+    schedule = _schedule(runs.out / "filters.yaml", pruner, {
         "extensions": {"thinner": {"class": "FilterRemover",
                                    "thinning_func_str": "remove_filters"}},
         "policies": [{"pruner": {"instance_name": "p"}, "starting_epoch": 0,

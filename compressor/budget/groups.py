@@ -6,9 +6,11 @@ pruning the same filters of all of them (ranked by the first, Distiller's `Leade
 channels dead, and thinning removes them with everything that reads them. Where a grouped
 convolution shares the channels, they go as Torch-Pruning's channel groups prune them: one
 unit is the same channel of every block (group) of the convolution, so every block loses the
-same number. Groups that thinning leaves alone (a channel reaching the model's output, a
-zero-padded shortcut, a grouped convolution reading only part of them, a layer thinning does
-not know) are left out, as is any group that a probe shows thinning would not remove.
+same number; an attention's fused qkv projection goes the same way, one unit being one
+dimension of every head in q, k and v (compressor.thinning.attention). Groups that thinning
+leaves alone (a channel reaching the model's output, a zero-padded shortcut, a grouped
+convolution reading only part of them, a layer thinning does not know) are left out, as is any
+group that a probe shows thinning would not remove.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import Tensor, nn
 
 from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import group_norms
+from compressor.thinning.attention import PARTS, head_layout
 from compressor.thinning.graph_guard import run_thinned
 from compressor.thinning.recipe import (
     apply_thinning_recipe,
@@ -184,6 +187,9 @@ def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
     graph = dependency_graph(model, inputs)
     names = {module: name for name, module in model.named_modules()}
     order = {module: index for index, module in enumerate(names)}
+    # an attention's qkv rows go as one dimension of every head in q, k and v
+    head_blocks = {m.qkv: PARTS * layout.heads for m in model.modules()
+                   if (layout := head_layout(m)) is not None}
     found: list[ChannelGroup] = []
     seen: set[tuple[str, ...]] = set()
     for group in graph.get_all_groups(root_module_types=(CONV, nn.Linear)):
@@ -193,6 +199,8 @@ def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
             continue
         producers = sorted({m for m, role, _ in members if role == "out"},
                            key=order.__getitem__)
+        if len(producers) == 1 and producers[0] in head_blocks:
+            blocks = head_blocks[producers[0]]
         widths = [module_sizes(m)[0] for m in producers]
         weights = tuple(f"{names[m]}.weight" for m in producers)
         units = min(widths) // blocks

@@ -6,6 +6,11 @@ model, and whether a bias was added to absorb a removed channel's constant outpu
     {"version": 1, "modules": {"layer1.0.conv1": {"type": "Conv2d", "sizes": [16, 16],
                                                   "out": [3, 7], "in": [], "add_bias": false}}}
 
+An attention module thinned by head dimension (compressor.thinning.attention) goes under
+"attention" with its heads and its head size before and after:
+
+    {"attention": {"blocks.0.attn": {"heads": 3, "head_dim": [64, 32]}}}
+
 A per-channel parameter that is no layer's own (a layer scale's gamma, `x * gamma`) goes
 under "parameters", by its full name, with the dimension its channels are on:
 
@@ -24,6 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from compressor.thinning.attention import HeadLayout, set_head_dim
 from compressor.utils.errors import CheckpointError
 
 __all__ = ["RECIPE_VERSION", "THINNABLE", "apply_thinning_recipe", "compose_recipes",
@@ -174,6 +180,13 @@ def apply_thinning_recipe(model: nn.Module, recipe: dict[str, Any]) -> nn.Module
         _thin_module(module, name, entry)
     for name, entry in recipe.get("parameters", {}).items():
         _thin_parameter(model, name, entry)
+    for name, entry in recipe.get("attention", {}).items():
+        module = modules.get(name)
+        if module is None:
+            raise CheckpointError(f"thinning recipe names the attention '{name}', which this "
+                                  "model does not have; rebuild with the checkpoint's arch")
+        size, kept = (int(v) for v in entry["head_dim"])
+        set_head_dim(module, HeadLayout(int(entry["heads"]), size), kept)
     return model
 
 
@@ -220,4 +233,10 @@ def compose_recipes(first: dict[str, Any] | None, second: dict[str, Any]) -> dic
     recipe: dict[str, Any] = {"version": RECIPE_VERSION, "modules": merged}
     if parameters:
         recipe["parameters"] = parameters
+    attention = {name: dict(entry) for name, entry in first.get("attention", {}).items()}
+    for name, entry in second.get("attention", {}).items():
+        base = attention.setdefault(name, dict(entry))
+        base["head_dim"] = [base["head_dim"][0], entry["head_dim"][1]]
+    if attention:
+        recipe["attention"] = attention
     return recipe

@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from compressor.models.eval_caches import drop_eval_caches
+from compressor.thinning.attention import PARTS, head_layout
 from compressor.thinning.graph_guard import check_converges
 from compressor.thinning.recipe import is_depthwise
 from compressor.utils.errors import UsageError
@@ -136,13 +137,23 @@ def check_thinnable(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[str
                     blocks: Mapping[str, int] | None = None, graph: Any = None) -> None:
     """Refuse, in one line, thinning the channels of `layers` ((module name, True for its
     filters / False for its input channels)) where a grouped convolution shares them, unless
-    they go in units of its groups (`blocks`: layer -> the pruner's channel_groups). `graph`:
-    the model's dependency_graph, where the caller has it."""
+    they go in units of its groups (`blocks`: layer -> the pruner's channel_groups), and an
+    attention's qkv rows unless they go in units of its heads' q, k and v. `graph`: the
+    model's dependency_graph, where the caller has it."""
     blocks = blocks or {}
     graph = graph if graph is not None else dependency_graph(model, inputs)
     names = {module: name for name, module in model.named_modules()}
     modules = dict(model.named_modules())
+    heads = {m.qkv: layout.heads for m in model.modules()
+             if (layout := head_layout(m)) is not None}
     for layer, outputs in layers:
+        units = PARTS * heads.get(modules[layer], 0)
+        if outputs and units and blocks.get(layer, 1) != units:
+            raise UsageError(
+                f"thinning cannot remove single rows of '{layer}': its attention's "
+                f"{units // PARTS} heads lose the same dimensions in q, k and v; prune it with "
+                f"channel_groups: {units} (one dimension of each head's q, k and v a unit), "
+                "or drop the thinning (masks keep the zeros)")
         for coupled in _coupled_modules(graph, modules[layer], outputs):
             if is_grouped(coupled) and blocks.get(layer, 1) != coupled.groups:
                 what = "filters" if outputs else "input channels"

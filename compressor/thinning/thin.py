@@ -18,6 +18,13 @@ import torch
 from torch import Tensor, nn
 
 from compressor.models.description import description_of
+from compressor.thinning.attention import (
+    HeadLayout,
+    conforms,
+    fold_head_scale,
+    head_layout,
+    head_rows,
+)
 from compressor.thinning.graph_guard import run_thinned
 from compressor.thinning.recipe import (
     RECIPE_VERSION,
@@ -37,21 +44,43 @@ CONV = nn.modules.conv._ConvNd
 CONST_TOL = 1e-7  # a dead channel's value must be the same everywhere, up to rounding
 
 
-def _consumer_inputs(model: nn.Module, modules: Iterable[nn.Module], inputs: Tensor
-                     ) -> dict[nn.Module, Tensor]:
+def _consumer_inputs(model: nn.Module, modules: Iterable[nn.Module], inputs: Tensor,
+                     attentions: Iterable[nn.Module] = ()
+                     ) -> tuple[dict[nn.Module, Tensor], dict[nn.Module, Any]]:
+    """The first input of each of `modules`, and the first call (args, kwargs) of each of
+    `attentions`, in one forward."""
     captured: dict[nn.Module, Tensor] = {}
+    calls: dict[nn.Module, tuple[tuple[Any, ...], dict[str, Any]]] = {}
 
     def hook(module: nn.Module, args: tuple[Any, ...]) -> None:
         captured.setdefault(module, args[0].detach())
 
+    def call_hook(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        calls.setdefault(module, (args, kwargs))
+
     handles = [m.register_forward_pre_hook(hook) for m in set(modules)]
+    handles += [m.register_forward_pre_hook(call_hook, with_kwargs=True) for m in attentions]
     try:
         with torch.no_grad():
             model(inputs)
     finally:
         for handle in handles:
             handle.remove()
-    return captured
+    return captured, calls
+
+
+def _conforming_heads(calls: dict[nn.Module, Any]
+                      ) -> dict[nn.Module, tuple[nn.Module, HeadLayout | None]]:
+    """qkv layer -> (attention module, layout) for every attention module the forward called;
+    the layout None where its heads do not thin as compressor.thinning.attention expects
+    (tested on its own input): its q, k and v rows are then kept."""
+    found = {}
+    for module, (args, kwargs) in calls.items():
+        layout = head_layout(module)
+        if layout is not None:
+            found[module.qkv] = (module, layout if conforms(module, layout, args, kwargs)
+                                 else None)
+    return found
 
 
 def _constants(x: Tensor, dim: int) -> list[float | None]:
@@ -111,6 +140,8 @@ class _Plan:
         self.folds: list[tuple[nn.Module, list[int], list[float]]] = []
         # per-channel parameters no layer owns (layer scale): parameter -> (dim, indices)
         self.parameters: dict[nn.Parameter, tuple[int, set[int]]] = {}
+        # attention modules thinned by head dimension: module -> (layout, dimensions kept)
+        self.heads: dict[nn.Module, tuple[HeadLayout, int]] = {}
 
     def remove(self, module: nn.Module, key: str, idxs: Iterable[int]) -> None:
         entry = self.removed.setdefault(module, {"out": set(), "in": set()})
@@ -188,8 +219,29 @@ def _parameter_dims(graph: Any) -> dict[nn.Parameter, int]:
             for unwrapped in getattr(graph, "unwrapped_parameters", ()) or ()}
 
 
+def _head_dead(producers: list[tuple[nn.Module, list[int], list[int]]], dead: set[int],
+               heads: dict[nn.Module, tuple[nn.Module, HeadLayout | None]], plan: _Plan
+               ) -> set[int] | None:
+    """Where the group's producer is an attention's `qkv`: the roots of the rows to remove, as
+    many dimensions from every head (compressor.thinning.attention), and the head size planned;
+    None where it is not one."""
+    if not any(module in heads for module, _, _ in producers):
+        return None
+    qkv, idxs, roots = producers[0]
+    attention, layout = heads.get(qkv, (None, None))
+    if len(producers) != 1 or layout is None:
+        return set()  # rows shared with another layer, or heads laid out otherwise: kept
+    row_of = dict(zip(roots, idxs, strict=True))
+    rows = set(head_rows(qkv, layout, {row_of[r] for r in dead if r in row_of}))
+    kept = layout.head_dim - len(rows) // (3 * layout.heads)
+    if kept < layout.head_dim:
+        plan.heads[attention] = (layout, kept)
+    return {r for r in roots if row_of[r] in rows}
+
+
 def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact: bool,
-                plan: _Plan, names: dict[nn.Module, str]) -> int:
+                plan: _Plan, names: dict[nn.Module, str],
+                heads: dict[nn.Module, tuple[nn.Module, HeadLayout | None]]) -> int:
     """Add one dependency group's dead channels to the plan; returns how many were removed."""
     items = []
     scales: list[tuple[nn.Parameter, int, list[int], list[int]]] = []
@@ -222,7 +274,8 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
     if not producers or not consumers:
         return 0
     unused = _unused_roots(consumers)
-    same = _same_channel_roots(group)
+    # an attention kernel reads q, k and v at the same indices: they are not one channel
+    same = {} if any(m in heads for m, _, _ in producers) else _same_channel_roots(group)
     live = {r for module, idxs, rs in producers
             for r, zero in zip(rs, _zero_slices(module, idxs), strict=True) if not zero}
     # a dead channel is dead under every root it has (GhostNet: a primary filter's channel
@@ -253,6 +306,9 @@ def _plan_group(group: Any, graph: Any, captured: dict[nn.Module, Tensor], exact
                 else:
                     folds.setdefault(module, {})[i] = value
     dead = _whole(_even_out(items, dead | unused), same)
+    head_dead = _head_dead(producers, dead, heads, plan)
+    if head_dead is not None:
+        dead = head_dead
     if not dead:
         return 0
     for module, is_out, idxs, rs in items:
@@ -372,12 +428,16 @@ def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
     groups = list(graph.get_all_groups(root_module_types=(CONV, nn.Linear)))
     consumer_modules = [dep.target.module for g in groups for dep, _ in g
                         if isinstance(dep.target.module, (CONV, nn.Linear))]
-    captured = _consumer_inputs(model, consumer_modules, inputs)
+    attentions = [m for m in model.modules() if head_layout(m) is not None]
+    captured, calls = _consumer_inputs(model, consumer_modules, inputs, attentions)
+    heads = _conforming_heads(calls)
     plan = _Plan()
     names = {module: name for name, module in model.named_modules()}
-    removed = sum(_plan_group(g, graph, captured, exact, plan, names) for g in groups)
+    removed = sum(_plan_group(g, graph, captured, exact, plan, names, heads) for g in groups)
     _refuse_empty_layers(plan, names)
     biased = {module for module, idxs, values in plan.folds if _fold(module, idxs, values)}
+    for attention, (layout, kept) in plan.heads.items():
+        fold_head_scale(attention, layout, kept)
     recipe_modules = {}
     for module, entry in plan.removed.items():
         recipe_modules[names[module]] = {
@@ -396,6 +456,10 @@ def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
         for param, (dim, idxs) in plan.parameters.items() if idxs and param in parameter_names}
     if recipe_parameters:
         recipe["parameters"] = recipe_parameters
+    if plan.heads:
+        recipe["attention"] = {names[attention]: {"heads": layout.heads,
+                                                  "head_dim": [layout.head_dim, kept]}
+                               for attention, (layout, kept) in plan.heads.items()}
     return recipe, removed
 
 
