@@ -92,7 +92,7 @@ def _channel_groups(reader: EntryReader, resolver: ParamResolver, weights: list[
         reader.fail(f"channel_groups {shown(blocks)} is not a positive integer",
                     "write the groups of the grouped convolution sharing the filters")
     if blocks > 1 and group_type not in ("Filters", "Rows"):
-        reader.fail("channel_groups is only used with group_type Filters", "remove it")
+        reader.fail("channel_groups is only used with group_type Filters or Rows", "remove it")
     for name in weights:
         if resolver.params[name].shape[0] % blocks:
             reader.fail(f"{name}: {resolver.params[name].shape[0]} filters do not split into "
