@@ -20,6 +20,7 @@ from compressor.budget.groups import (
     mask_group_filters,
     prunable_groups,
 )
+from compressor.budget.prices import channel_prices
 from compressor.thinning.recipe import apply_thinning_recipe, compose_recipes
 from compressor.thinning.thin import thin_model
 from compressor.utils.errors import CompressorError
@@ -84,6 +85,10 @@ def test_qkv_is_one_group_of_head_dimensions() -> None:
     assert set(qkv.members) == {("blocks.0.attn.qkv", "out"), ("blocks.0.attn.proj", "in")}
     assert qkv.unit_channels(torch.tensor([2]), 144).tolist() == [2 + 16 * b for b in range(9)]
     assert qkv.unit_channels(torch.tensor([2]), 48).tolist() == [2, 18, 34]
+    # a unit saves 9 rows of qkv and 3 columns of proj, over the 16 tokens of a 32 px input
+    ensure_described(model, inputs, "the test")
+    price = channel_prices(model, [qkv])["macs"][0]
+    assert price == pytest.approx(16 * (9 * 48 + 3 * 48))
 
 
 @pytest.mark.parametrize("attention", [coupled_nets.HeadAttention, ExplicitAttention])

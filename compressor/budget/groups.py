@@ -215,10 +215,13 @@ def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
             roles.setdefault((names[module], role), set()).update(channels)
         weight_blocks = tuple(width // units for width in widths)
         mixed = len(set(widths)) > 1
+        # members count a unit's channels themselves where they differ (an attention's proj
+        # reads one column per head of a unit that is three rows per head of qkv)
+        per_member = mixed or producers[0] in head_blocks
         found.append(ChannelGroup(
             weights, units, tuple(roles), weight_blocks[0], _whole_norms(members, names),
             weight_blocks if mixed else (),
-            tuple(max(1, len(c) // units) for c in roles.values()) if mixed else ()))
+            tuple(max(1, len(c) // units) for c in roles.values()) if per_member else ()))
     return found
 
 
