@@ -8,7 +8,8 @@ are not ours (and how many): mostly exactness, where removing them would change 
     python benchmarks/pruning_coverage.py [--quick] [--side 64] [--only NAME ...]
 
 --quick takes one architecture per registry family (the families tests/test_thinning_support.py
-thins) instead of all of them. A model that cannot be built or followed is a row naming why.
+thins, and torchvision's transformers) instead of all of them. A model that cannot be built or
+followed is a row naming why.
 """
 
 from __future__ import annotations
@@ -34,11 +35,17 @@ from tests.test_thinning_support import FAMILIES as REGISTRY_FAMILIES  # noqa: E
 from tests.test_timm_registry import FAMILIES as TIMM_FAMILIES  # noqa: E402
 
 Build = Callable[[], tuple[nn.Module, torch.Tensor]]
+# torchvision's vision transformers (nn.MultiheadAttention, shifted windows, grid attention),
+# which tests/test_thinning_support.py leaves out of the families it thins
+TRANSFORMERS = ("vit_b_32", "swin_t", "maxvit_t")
 
 
 def registry_models(quick: bool, side: int) -> Iterator[tuple[str, Build]]:
-    """Registered archs (one per family with `quick`), each at a tiny input."""
-    names = sorted(REGISTRY_FAMILIES) if quick else sorted(registered_specs())
+    """Registered archs (one per family with `quick`, and torchvision's transformers), each
+    at a tiny input."""
+    get_arch_spec("resnet20_cifar")  # loads every family into the registry
+    names = (sorted({*REGISTRY_FAMILIES, *TRANSFORMERS}) if quick
+             else sorted(registered_specs()))
 
     def build(arch: str) -> tuple[nn.Module, torch.Tensor]:
         model = create_model(arch, get_arch_spec(arch).default_dataset).eval()
@@ -47,7 +54,7 @@ def registry_models(quick: bool, side: int) -> Iterator[tuple[str, Build]]:
         try:
             with torch.no_grad():
                 model(tiny)
-        except RuntimeError:  # a fixed-size classifier (AlexNet's): its own input size
+        except (RuntimeError, AssertionError, ValueError):  # a fixed-size model: its own size
             return model, torch.randn(2, channels, height, width)
         return model, tiny
 
