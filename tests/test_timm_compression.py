@@ -1,7 +1,8 @@
 """What timm's models taught the compression code: thinning refuses in one line the models
-whose channels Torch-Pruning follows wrongly (GhostNet's slice, a ViT's per-head reshape) or
-never completely (EfficientViT's cascaded attention), a budget search keeps only the groups
-that thin exactly, and a model's eval-mode caches survive the graph traces (LeViT)."""
+whose channels Torch-Pruning follows wrongly (GhostNet's slice, a ViT's qkv rows taken one by
+one rather than by head dimension) or never completely (EfficientViT's cascaded attention), a
+budget search keeps only the groups that thin exactly, and a model's eval-mode caches survive
+the graph traces (LeViT)."""
 
 from __future__ import annotations
 
@@ -76,29 +77,33 @@ def test_a_ghost_modules_channel_thins_in_both_halves_or_stays(tmp_path: Path) -
     load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
-def test_a_reshape_thinning_cannot_follow_is_refused_when_the_schedule_loads(
+def test_qkv_rows_thinned_one_by_one_are_refused_when_the_schedule_loads(
         tmp_path: Path) -> None:
-    """A ViT's qkv rows are viewed per head (a reshape of fixed sizes): thinning one head
-    channel (its query, key and value rows, which go only together) breaks the forward, found
-    by a rehearsal on a copy before any epoch runs."""
+    """A ViT's qkv rows are viewed per head: they go as one dimension of every head in q, k and
+    v (channel_groups 3 x heads), or not at all. A Rows pruner without that unit is refused
+    when the schedule loads, naming the unit, before any epoch runs; with it, it loads."""
     model = _tiny("deit_tiny_patch16_224")
-    schedule = tmp_path / "rows.yaml"
-    schedule.write_text(yaml.safe_dump({
-        "version": 1,
-        "pruners": {"p": {"class": "L1RankedStructureParameterPruner_AGP",
-                          "initial_sparsity": 0.1, "final_sparsity": 0.5,
-                          "group_type": "Rows", "weights": ["blocks.0.attn.qkv.weight"]}},
+    pruner = {"class": "L1RankedStructureParameterPruner_AGP", "initial_sparsity": 0.1,
+              "final_sparsity": 0.5, "group_type": "Rows",
+              "weights": ["blocks.0.attn.qkv.weight"]}
+    document = {
+        "version": 1, "pruners": {"p": pruner},
         "extensions": {"thinner": {"class": "FilterRemover",
                                    "thinning_func_str": "remove_filters"}},
         "policies": [{"pruner": {"instance_name": "p"}, "starting_epoch": 0,
                       "ending_epoch": 2, "frequency": 1},
-                     {"extension": {"instance_name": "thinner"}, "epochs": [1]}]}))
+                     {"extension": {"instance_name": "thinner"}, "epochs": [1]}]}
+    schedule = tmp_path / "rows.yaml"
+    schedule.write_text(yaml.safe_dump(document))
     before = {key: value.clone() for key, value in model.state_dict().items()}
-    with pytest.raises(ScheduleError, match=r"rows\.yaml: thinning cannot follow the channels "
-                                            "of VisionTransformer"):
+    with pytest.raises(ScheduleError, match=r"rows\.yaml: thinning cannot remove single rows "
+                                            r"of 'blocks\.0\.attn\.qkv'.*channel_groups: 9"):
         load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
     after = model.state_dict()
-    assert all(torch.equal(before[key], after[key]) for key in before)  # a copy rehearsed
+    assert all(torch.equal(before[key], after[key]) for key in before)
+    pruner["channel_groups"] = 9
+    schedule.write_text(yaml.safe_dump(document))
+    load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
 def test_channel_groups_that_never_complete_are_refused() -> None:
@@ -110,18 +115,23 @@ def test_channel_groups_that_never_complete_are_refused() -> None:
 
 
 def test_a_budget_search_keeps_only_groups_that_thin_exactly() -> None:
-    """A ViT block's qkv rows are viewed per head (a fixed-size reshape that thinning breaks);
-    its MLP's hidden features and its residual stream (the LayerNorms masked with it) thin
-    exactly: the search may shrink those alone."""
+    """A ViT block's qkv rows go by head dimension (one dimension of every head in q, k and v,
+    and proj's columns reading it), its MLP's hidden features and its residual stream (the
+    LayerNorms masked with it) thin exactly: the search may shrink those. LeViT lays each
+    head's q, k and v out side by side, which thinning does not shrink: no qkv group there."""
     torch.manual_seed(0)
     model = timm.create_model("vit_tiny_patch16_224", img_size=32, depth=1, num_classes=5)
     groups = prunable_groups(model.eval(), torch.randn(1, *TINY))
     assert sorted(group.weights for group in groups) == [
-        ("blocks.0.mlp.fc1.weight",),
+        ("blocks.0.attn.qkv.weight",), ("blocks.0.mlp.fc1.weight",),
         ("patch_embed.proj.weight", "blocks.0.attn.proj.weight", "blocks.0.mlp.fc2.weight")]
     stream = next(group for group in groups if len(group.weights) == 3)
     assert set(stream.norms) == {"norm", "blocks.0.norm1", "blocks.0.norm2"}
-    assert not any("qkv" in weight for group in groups for weight in group.weights)
+    heads = next(group for group in groups if group.leader == "blocks.0.attn.qkv.weight")
+    assert (heads.channels, heads.blocks) == (64, 9)  # 3 heads of 64 in q, k and v
+    levit = _tiny("levit_128s")
+    assert not any("attn.qkv" in weight for group in prunable_groups(levit, torch.randn(1, *TINY))
+                   for weight in group.weights)
 
 
 def test_eval_caches_survive_graph_traces() -> None:
