@@ -312,3 +312,31 @@ def test_backward_overwrites_the_output_only_when_nothing_else_reads_it(
         assert peak <= held_peak - 0.9 * x.numel() * 4
     _, twice, _ = step(hold=False, retain=True)
     assert all(torch.equal(a, 2 * b) for a, b in zip(twice, grads, strict=True))
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_without_a_backward_the_plain_ops_run_and_agree_bitwise(
+        monkeypatch: pytest.MonkeyPatch, training: bool) -> None:
+    """Evaluation and batch-norm re-estimation (no gradient) skip the fused function, whose
+    search for near-zero gammas is a host-device sync per layer on an accelerator: the values
+    and the running statistics are the fused path's, bit for bit."""
+    torch.manual_seed(0)
+    fused = InPlaceABN(8, activation="leaky_relu").train(training)
+    with torch.no_grad():
+        fused.weight.uniform_(0.5, 1.5)
+        fused.weight[2] = 0.0  # a pruned channel: the fused path keeps its normalized input
+        fused.bias.normal_()
+    plain = copy.deepcopy(fused)
+    x, residual = torch.randn(4, 8, 5, 5), torch.randn(4, 8, 5, 5)
+    expected = fused(x.requires_grad_(), residual).detach()  # the fused function, with grad
+    calls: list[int] = []
+    original = InPlaceABNFunction.apply
+    monkeypatch.setattr(InPlaceABNFunction, "apply",
+                        lambda *args: calls.append(1) or original(*args))
+    with torch.no_grad():
+        out = plain(x.detach(), residual)
+    assert not calls
+    assert torch.equal(out, expected)
+    assert torch.equal(plain.running_mean, fused.running_mean)
+    assert torch.equal(plain.running_var, fused.running_var)
+    assert int(plain.num_batches_tracked) == int(fused.num_batches_tracked)

@@ -220,7 +220,12 @@ class InPlaceABN(_BatchNorm):
         use_running = not self.training or self.track_running_stats
         running_mean = self.running_mean if use_running else None
         running_var = self.running_var if use_running else None
-        if not self.fused:
+        # Without a backward to come (evaluation, batch-norm re-estimation) nothing needs the
+        # output saved: the plain ops compute the same values, without the fused path's search
+        # for near-zero gammas (a host-device sync per layer on an accelerator).
+        backward = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, residual, self.weight, self.bias))
+        if not self.fused or not backward:
             out = F.batch_norm(x, running_mean, running_var, self.weight, self.bias,
                                training, factor, self.eps)
             if residual is not None:
