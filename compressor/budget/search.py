@@ -8,10 +8,9 @@
    probe thinned and timed against the dense model (several probes in one session when the
    caller can time models together).
 2. Rank every channel of every group by (sensitivity x the channel's norm relative to its
-   layer's mean) / price: a global ranking normalised by each group's cost. A channel past
-   the group's half weighs the rise of the second probe per channel beyond the half (never
-   less than the first half's: a group whose loss steepens keeps its channels, where a
-   straight line through the first probe would empty it). Channels of one
+   layer's mean) / price: a global ranking normalised by each group's cost. A channel past the group's half weighs the rise of the second probe per channel
+   beyond the half (never less than the first half's: a group whose loss steepens keeps its
+   channels, where a straight line through the first probe would empty it). Channels of one
    group keep their leader's order; a group keeps at least `min_keep` of its channels.
 3. Bisect the number of channels removed along that ranking to the fewest that meet every
    budget, each candidate thinned and measured (latency timed on the thinned model). Do the
