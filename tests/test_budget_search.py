@@ -394,39 +394,3 @@ def test_a_channel_multiple_keeps_every_pruned_layer_at_a_multiple_of_it() -> No
     assert any((g.channels - n) % 8 for g, n in zip(unconstrained.groups,
                                                      unconstrained.removed, strict=True)), \
         "without the multiple some layer keeps another count (the test would prove nothing)"
-
-
-def _spread_scorer(dense: nn.Module, inputs: torch.Tensor, favour_uniform: bool
-                   ) -> Callable[[nn.Module], Mapping[str, float]]:
-    """A validation score that rises (or falls) as the layers' kept fractions of their filters
-    grow alike: it decides which allocation the search keeps."""
-    widths = {name: m.out_channels for name, m in dense.named_modules()
-              if isinstance(m, nn.Conv2d)}
-    real = _scorer(inputs)
-
-    def evaluate(model: nn.Module) -> Mapping[str, float]:
-        kept = torch.tensor([m.out_channels / widths[name] for name, m in model.named_modules()
-                             if isinstance(m, nn.Conv2d)])
-        spread = float(kept.std())
-        return {"top1": 50.0 + (-spread if favour_uniform else spread) * 40,
-                "loss": real(model)["loss"]}
-    return evaluate
-
-
-@pytest.mark.parametrize("favour_uniform", [True, False])
-def test_the_search_keeps_the_better_scoring_of_ranked_and_uniform_allocations(
-        favour_uniform: bool) -> None:
-    """Both allocations are bisected to the budget; the one whose candidate scores better on
-    validation is kept and recorded (EagleEye: re-estimated scores rank as fine-tuning does)."""
-    model, inputs = _model("resnet20_cifar", None)
-    search = BudgetSearch(model, inputs[:2], Budget({"macs": 0.5}),
-                          _spread_scorer(model, inputs, favour_uniform), _measure)
-    result = search.run()
-    assert result.met
-    expected = "uniform" if favour_uniform else "ranked"
-    assert search.state["allocation"] == expected
-    fractions = [n / g.channels for g, n in zip(result.groups, result.removed, strict=True)]
-    # a uniform ratio takes the same fraction of every group (to one channel of rounding)
-    spread = max(fractions) - min(fractions)
-    widest = max(1 / g.channels for g in result.groups)
-    assert (spread <= 2 * widest) == favour_uniform, fractions

@@ -8,16 +8,13 @@
    probe thinned and timed against the dense model (several probes in one session when the
    caller can time models together).
 2. Rank every channel of every group by (sensitivity x the channel's norm relative to its
-   layer's mean) / price: a global ranking normalised by each group's cost. A channel past the group's half weighs the rise of the second probe per channel
+   layer's mean) / price: a global ranking normalised by each group's cost, never a uniform
+   ratio. A channel past the group's half weighs the rise of the second probe per channel
    beyond the half (never less than the first half's: a group whose loss steepens keeps its
    channels, where a straight line through the first probe would empty it). Channels of one
    group keep their leader's order; a group keeps at least `min_keep` of its channels.
 3. Bisect the number of channels removed along that ranking to the fewest that meet every
-   budget, each candidate thinned and measured (latency timed on the thinned model). Do the
-   same along a uniform ratio (every group losing the same fraction of its channels), and
-   keep whichever of the two candidates scores better on validation: with batch-norm
-   statistics re-estimated, the score ranks candidates as fine-tuning will (EagleEye), so the
-   ranking's allocation is kept only where it beats the uniform one.
+   budget, each candidate thinned and measured (latency timed on the thinned model).
 4. Round each group's kept channels up to a multiple of CHANNEL_MULTIPLE, kept where every
    budget still holds (hardware-friendly counts, where they pay). With a channel multiple
    (`--channel-multiple`, 8 on CUDA), every candidate keeps multiples of it in the first place.
@@ -431,40 +428,11 @@ class BudgetSearch:
             taken = self._bisect(order, resolution, more_is_met=False)
             return self._chosen(self._evaluate(self._counts(order, taken), "search",
                                                quantities))
-        contenders = {}
-        for allocation, along in (("ranked", order), ("uniform", self._uniform_order())):
-            taken = self._bisect(along, resolution, more_is_met=True)
-            contenders[allocation] = (along, taken, self._evaluate(
-                self._counts(along, taken), "search", quantities))
-        allocation = self._best_allocation(contenders)
-        order, taken, chosen = contenders[allocation]
+        taken = self._bisect(order, resolution, more_is_met=True)
+        chosen = self._evaluate(self._counts(order, taken), "search", quantities)
         if self._met(chosen):
             chosen = self._rounded(chosen)
         return self._chosen(self._confirmed(order, taken, chosen))
-
-    def _uniform_order(self) -> list[int]:
-        """Group indices, one per channel, so that every group loses the same fraction of its
-        channels (its leader's lowest filter norms first), each keeping `min_keep`: the
-        allocation a uniform pruning ratio makes, which the ranked one must beat."""
-        keyed = [((position + 1) / group.channels, index, position)
-                 for index, group in enumerate(self.groups)
-                 for position in range(self._limit(group))]
-        keyed.sort()
-        return [index for _, index, _ in keyed]
-
-    def _best_allocation(self, contenders: Mapping[str, tuple[list[int], int, dict[str, Any]]]
-                         ) -> str:
-        """The allocation whose candidate meets every budget and scores best on validation
-        (top-1, then loss; batch-norm statistics re-estimated, which ranks candidates as
-        fine-tuning will: EagleEye), the ranked one on a tie or when none meets them."""
-        met = {name: entry for name, (_, _, entry) in contenders.items() if self._met(entry)}
-        best = max(met, key=lambda name: (met[name]["top1"], -met[name]["loss"],
-                                          name == "ranked"), default="ranked")
-        shown = ", ".join(f"{name} {entry['top1']:.2f}" + ("" if name in met else " (misses)")
-                          for name, (_, _, entry) in contenders.items())
-        LOG.info("budget search: val top1 of each allocation, %s: %s kept", shown, best)
-        self.state["allocation"] = best
-        return best
 
     def _bisect(self, order: list[int], resolution: int, more_is_met: bool) -> int:
         """How many channels along the ranking sit at the boundary of `_met`: with

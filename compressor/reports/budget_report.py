@@ -188,8 +188,6 @@ def budget_report(state: Mapping[str, Any], model: nn.Module, final_figures: Map
             "search": {"groups": len(state["groups"]), "evaluations": len(state["evaluations"]),
                        "seconds": float(state.get("search_seconds", 0.0)),
                        "met_before_fine_tune": bool(state.get("search_met")),
-                       # "ranked" or "uniform": the allocation that scored better
-                       "allocation": state.get("allocation"),
                        "channel_multiple": int(state.get("channel_multiple", 1)),
                        # the autocast and memory format candidates were scored and timed in
                        "precision": state.get("precision"),
