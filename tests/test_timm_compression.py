@@ -17,7 +17,7 @@ from compressor.budget.groups import prunable_groups
 from compressor.models import create_model, get_arch_spec
 from compressor.pruning.graph import following_batchnorms
 from compressor.schedule import load_schedule
-from compressor.thinning.support import dependency_graph
+from compressor.thinning.support import check_thinnable, dependency_graph
 from compressor.thinning.thin import thin_model
 from compressor.utils.errors import ScheduleError, UsageError
 from tests.conftest import trained_like_batchnorms
@@ -106,12 +106,30 @@ def test_qkv_rows_thinned_one_by_one_are_refused_when_the_schedule_loads(
     load_schedule(schedule, model, torch.optim.SGD(model.parameters(), lr=0.1))
 
 
-def test_channel_groups_that_never_complete_are_refused() -> None:
+def test_channel_groups_that_never_complete_are_set_aside_and_refused_by_name() -> None:
     """EfficientViT's cascaded group attention feeds split heads back into the next one:
-    Torch-Pruning's indices there grow without end (the process ran out of memory)."""
+    Torch-Pruning's indices there grow without end (the process ran out of memory). Those
+    layers are set aside (every group query skips them, so it ends), the others' groups are
+    followed as usual, and thinning a layer set aside is refused in one line naming it."""
     model = _tiny("efficientvit_m0")
-    with pytest.raises(UsageError, match="do not converge.*keep this model unthinned"):
-        dependency_graph(model, torch.randn(1, *TINY))
+    inputs = torch.randn(1, *TINY)
+    graph = dependency_graph(model, inputs)
+    names = {module: name for name, module in model.named_modules()}
+    aside = [names[m] for m in graph.unfollowable]
+    layers = [m for m in graph.module2node if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    assert 0 < len(aside) < len(layers)
+    groups = list(graph.get_all_groups(root_module_types=(torch.nn.Conv2d, torch.nn.Linear)))
+    assert groups and not any(dep.target.module in graph.unfollowable and
+                              graph.is_out_channel_pruning_fn(dep.handler)
+                              for group in groups for dep, _ in group)
+    with pytest.raises(UsageError, match=f"'{aside[0]}' in EfficientVitMsra.*do not converge"
+                                         ".*keep this layer unthinned") as refused:
+        check_thinnable(model, inputs, [(aside[0], True)], graph=graph)
+    assert "\n" not in str(refused.value)
+    followed = next(n for n, m in model.named_modules()
+                    if isinstance(m, torch.nn.Conv2d) and m not in graph.unfollowable
+                    and m.groups == 1 and n.startswith("patch_embed"))
+    check_thinnable(model, inputs, [(followed, True)], graph=graph)
 
 
 def test_a_budget_search_keeps_only_groups_that_thin_exactly() -> None:

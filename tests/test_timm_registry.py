@@ -66,8 +66,11 @@ FAMILIES = (
     # one unit of qkv's rows is one dimension of each of the 3 heads in q, k and v
     Family("deit_tiny_patch16_224", ("blocks.0.attn.qkv.weight",), "Rows", channel_groups=9),
     Family("levit_128s", ("stages.0.blocks.0.mlp.ln1.linear.weight",), "Rows"),
+    # its cascaded attention's groups never complete (set aside); filter pruners and the
+    # search find the batch norm after a layer with torch.fx, which cannot trace it
     Family("efficientvit_m0", ("stages.0.blocks.0.ffn0.m.pw1.conv.weight",),
-           thinning="do not converge", budget="do not converge",
+           thinning="torch.fx cannot trace EfficientVitMsra",
+           budget="torch.fx cannot trace EfficientVitMsra",
            int8="torch.fx cannot trace EfficientVitMsra"),
     Family("fastvit_t8", ("stages.0.blocks.0.mlp.fc1.weight",)),
 )

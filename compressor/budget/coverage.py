@@ -123,7 +123,9 @@ def pruning_coverage(model: nn.Module, inputs: Tensor) -> Coverage:
     graph = dependency_graph(model, inputs)
     # layers the forward never reaches (auxiliary heads in eval mode) are no part of it
     layers = [m for m in model.modules() if isinstance(m, LAYERS) and m in graph.module2node]
-    ignored = {m for m in layers if _reaches_output(graph, m)}
+    # layers whose groups never complete are set aside: neither ours nor Torch-Pruning's
+    unfollowable = set(getattr(graph, "unfollowable", ()))
+    ignored = {m for m in layers if m not in unfollowable and _reaches_output(graph, m)}
     total = sum(module_sizes(m)[0] for m in layers if m not in ignored)
     ours: dict[nn.Module, set[int]] = {}
     for kept in prunable_groups(model, inputs):

@@ -239,9 +239,15 @@ def leader_ranking(model: nn.Module, group: ChannelGroup) -> Tensor:
 
 
 def batchnorms_of(model: nn.Module, groups: list[ChannelGroup]) -> dict[str, str | None]:
-    """Layer name -> the batch norm that alone reads its output, for every layer of `groups`."""
+    """Layer name -> the batch norm that alone reads its output, for every layer of `groups`
+    (found by torch.fx: a model it cannot trace is refused in one line)."""
     layers = [w.rsplit(".", 1)[0] for g in groups for w in g.weights]
-    return following_batchnorms(model, layers)
+    try:
+        return following_batchnorms(model, layers)
+    except ValueError as exc:
+        raise UsageError(f"{exc}, so the batch norms after pruned filters cannot be found; "
+                         "use a schedule with element-wise pruning (--compress) for this "
+                         "model, or make its forward traceable by torch.fx") from None
 
 
 def _masked_modules(model: nn.Module, group: ChannelGroup,

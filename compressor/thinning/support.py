@@ -21,7 +21,7 @@ from torch.fx.passes.shape_prop import ShapeProp
 
 from compressor.models.eval_caches import drop_eval_caches
 from compressor.thinning.attention import PARTS, head_layout
-from compressor.thinning.graph_guard import check_converges
+from compressor.thinning.graph_guard import check_converges, follows, unfollowable_message
 from compressor.thinning.recipe import is_depthwise
 from compressor.utils.errors import UsageError
 
@@ -99,8 +99,8 @@ def channel_shuffles(model: nn.Module, inputs: Tensor) -> list[str]:
 
 def dependency_graph(model: nn.Module, inputs: Tensor) -> Any:
     """Torch-Pruning's dependency graph of `model`; a model it cannot follow is one UsageError
-    naming the channel shuffle where there is one (or the layer whose groups never complete:
-    compressor.thinning.graph_guard)."""
+    naming the channel shuffle where there is one; layers whose groups never complete are set
+    aside on the graph (compressor.thinning.graph_guard), a model of nothing else refused."""
     import torch_pruning as tp
 
     try:
@@ -147,6 +147,8 @@ def check_thinnable(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[str
     heads = {m.qkv: layout.heads for m in model.modules()
              if (layout := head_layout(m)) is not None}
     for layer, outputs in layers:
+        if not follows(graph, model, modules[layer], outputs):
+            raise UsageError(unfollowable_message(layer, model))
         units = PARTS * heads.get(modules[layer], 0)
         if outputs and units and blocks.get(layer, 1) != units:
             raise UsageError(
