@@ -29,9 +29,9 @@ from compressor.models import create_model, description_of, get_arch_spec
 from compressor.pruning.groups import count_to_prune
 from compressor.schedule import load_schedule
 from compressor.schedule.policies import PruningPolicy
+from compressor.thinning.plan import find_thinning
 from compressor.thinning.renormalize import renormalized
 from compressor.thinning.support import channel_shuffles
-from compressor.thinning.thin import find_thinning
 from compressor.utils.config import OptimizerConfig, make_optimizer
 from compressor.utils.errors import UsageError
 from tests.conftest import trained_like_batchnorms

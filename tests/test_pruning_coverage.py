@@ -21,8 +21,8 @@ from compressor.budget.groups import (
     prunable_groups,
 )
 from compressor.reports.metrics import layer_costs
+from compressor.thinning.plan import find_thinning
 from compressor.thinning.recipe import apply_thinning_recipe, module_sizes
-from compressor.thinning.thin import find_thinning
 from tests.conftest import run_cli, trained_like_batchnorms
 from tests.fixtures import coupled_nets
 

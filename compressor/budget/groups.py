@@ -28,6 +28,7 @@ from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import group_norms
 from compressor.thinning.attention import PARTS, head_layout
 from compressor.thinning.graph_guard import run_thinned
+from compressor.thinning.plan import find_thinning
 from compressor.thinning.recipe import (
     apply_thinning_recipe,
     is_channel_layer_norm,
@@ -37,7 +38,6 @@ from compressor.thinning.recipe import (
 )
 from compressor.thinning.renormalize import renormalized, renormalized_norms
 from compressor.thinning.support import dependency_graph, is_grouped, pads_channels
-from compressor.thinning.thin import find_thinning
 from compressor.training.losses import main_logits
 from compressor.utils.errors import UsageError
 

@@ -48,8 +48,8 @@ from compressor.budget.groups import (
 )
 from compressor.budget.measure import LatenciesFn, MeasureFn, figures
 from compressor.budget.prices import channel_prices
+from compressor.thinning.plan import find_thinning
 from compressor.thinning.recipe import apply_thinning_recipe
-from compressor.thinning.thin import find_thinning
 from compressor.utils.errors import UsageError
 
 __all__ = ["Budget", "SearchResult", "BudgetSearch", "STATE_VERSION", "build_candidate",

@@ -29,8 +29,9 @@ from torch import Tensor, nn
 
 from compressor.utils.errors import CheckpointError
 
-__all__ = ["PARTS", "HeadLayout", "head_layout", "conforms", "head_rows", "proj_columns",
-           "fold_head_scale", "set_head_dim", "thin_heads"]
+__all__ = ["PARTS", "HeadLayout", "Heads", "head_layout", "conforms", "conforming_heads",
+           "head_roots", "head_rows", "proj_columns", "fold_head_scale", "set_head_dim",
+           "thin_heads"]
 
 PARTS = 3  # q, k, v
 # The contract test compares float32 outputs of a few tokens: rounding is far below this, a
@@ -183,3 +184,38 @@ def set_head_dim(module: nn.Module, layout: HeadLayout, kept: int) -> None:
     scale = getattr(module, "scale", None)
     if isinstance(scale, float):
         module.scale = scale * math.sqrt(layout.head_dim / kept)
+
+
+Heads = dict[nn.Module, tuple[nn.Module, "HeadLayout | None"]]
+
+
+def conforming_heads(calls: dict[nn.Module, tuple[tuple[Any, ...], dict[str, Any]]]) -> Heads:
+    """qkv layer -> (attention module, layout) for every attention module called (`calls`:
+    module -> its first call's args and kwargs); the layout None where its heads do not thin
+    as this module expects (tested on that input): its q, k and v rows are then kept."""
+    found: Heads = {}
+    for module, (args, kwargs) in calls.items():
+        layout = head_layout(module)
+        if layout is not None:
+            found[module.qkv] = (module, layout if conforms(module, layout, args, kwargs)
+                                 else None)
+    return found
+
+
+def head_roots(producers: list[tuple[nn.Module, list[int], list[int]]], dead: set[int],
+               heads: Heads) -> tuple[set[int] | None, tuple[nn.Module, HeadLayout, int] | None]:
+    """Where a channel group's producer (module, indices, root indices) is an attention's
+    `qkv`: the roots of the rows to remove among `dead`, as many dimensions from every head,
+    and (attention, layout, dimensions kept) where it shrinks; (None, None) where it is not
+    one."""
+    if not any(module in heads for module, _, _ in producers):
+        return None, None
+    qkv, idxs, roots = producers[0]
+    attention, layout = heads.get(qkv, (None, None))
+    if len(producers) != 1 or attention is None or layout is None:
+        return set(), None  # rows shared with another layer, or heads laid out otherwise
+    row_of = dict(zip(roots, idxs, strict=True))
+    rows = set(head_rows(qkv, layout, {row_of[r] for r in dead if r in row_of}))
+    kept = layout.head_dim - len(rows) // (PARTS * layout.heads)
+    planned = (attention, layout, kept) if kept < layout.head_dim else None
+    return {r for r in roots if row_of[r] in rows}, planned
