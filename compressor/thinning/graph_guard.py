@@ -66,16 +66,22 @@ def _group_modules(graph: Any, root: Any, function: Any, channels: int, limit: i
     return producers, True
 
 
+def _bounds(graph: Any, model: nn.Module) -> tuple[int, int]:
+    """The steps a completing group takes at most, and the widest dimension of the model."""
+    limit = STEPS_PER_DEPENDENCY * max(1, sum(len(node.dependencies)
+                                              for node in graph.module2node.values()))
+    widest = max((max(param.shape) for param in model.parameters() if param.dim()),
+                 default=1)
+    return limit, widest
+
+
 def unfollowable_layers(graph: Any, model: nn.Module) -> list[nn.Module]:
     """The convolutions and linear layers whose channel groups Torch-Pruning cannot complete
     (see the module docstring), each group followed as Torch-Pruning does, with a bound."""
     from torch_pruning.dependency import index_mapping
 
     index_mapping.update_index_mapping(graph)  # what get_pruning_group does first
-    limit = STEPS_PER_DEPENDENCY * max(1, sum(len(node.dependencies)
-                                              for node in graph.module2node.values()))
-    widest = max((max(param.shape) for param in model.parameters() if param.dim()),
-                 default=1)
+    limit, widest = _bounds(graph, model)
     covered: set[nn.Module] = set()
     unfollowable: list[nn.Module] = []
     for module, node in graph.module2node.items():
@@ -101,10 +107,7 @@ def follows(graph: Any, model: nn.Module, module: nn.Module, outputs: bool) -> b
     pruner = graph.get_pruner_of_module(module)
     if outputs or pruner is None or pruner.get_in_channels(module) is None:
         return True
-    limit = STEPS_PER_DEPENDENCY * max(1, sum(len(node.dependencies)
-                                              for node in graph.module2node.values()))
-    widest = max((max(param.shape) for param in model.parameters() if param.dim()),
-                 default=1)
+    limit, widest = _bounds(graph, model)
     return _group_modules(graph, graph.module2node[module], pruner.prune_in_channels,
                           pruner.get_in_channels(module), limit, widest)[1]
 
