@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from compressor.pruning.graph import following_batchnorms
 from compressor.pruning.groups import group_norms
-from compressor.thinning.attention import PARTS, head_layout
+from compressor.thinning.attention import PARTS, attention_layouts
 from compressor.thinning.graph_guard import run_thinned
 from compressor.thinning.plan import find_thinning
 from compressor.thinning.recipe import (
@@ -188,8 +188,7 @@ def _candidates(model: nn.Module, inputs: Tensor) -> list[ChannelGroup]:
     names = {module: name for name, module in model.named_modules()}
     order = {module: index for index, module in enumerate(names)}
     # an attention's qkv rows go as one dimension of every head in q, k and v
-    head_blocks = {m.qkv: PARTS * layout.heads for m in model.modules()
-                   if (layout := head_layout(m)) is not None}
+    head_blocks = {m.qkv: PARTS * layout.heads for m, layout in attention_layouts(model).items()}
     found: list[ChannelGroup] = []
     seen: set[tuple[str, ...]] = set()
     for group in graph.get_all_groups(root_module_types=(CONV, nn.Linear)):

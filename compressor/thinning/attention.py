@@ -29,7 +29,8 @@ from torch import Tensor, nn
 
 from compressor.utils.errors import CheckpointError
 
-__all__ = ["PARTS", "HeadLayout", "Heads", "head_layout", "conforms", "conforming_heads",
+__all__ = ["PARTS", "HeadLayout", "Heads", "head_layout", "attention_layouts", "conforms",
+           "conforming_heads",
            "head_roots", "head_rows", "proj_columns", "fold_head_scale", "set_head_dim",
            "thin_heads"]
 
@@ -52,6 +53,10 @@ class HeadLayout:
         return range(start, start + self.head_dim)
 
 
+# qkv layer -> (its attention module, the layout; None where the heads do not thin as here)
+Heads = dict[nn.Module, tuple[nn.Module, HeadLayout | None]]
+
+
 def head_layout(module: nn.Module) -> HeadLayout | None:
     """The heads of a module with a fused `qkv` and a `proj` linear layer and `num_heads`, or
     None where it is not one, or adds something thinning does not slice (a norm over q and k,
@@ -71,6 +76,11 @@ def head_layout(module: nn.Module) -> HeadLayout | None:
     if getattr(module, "head_dim", head_dim) != head_dim:
         return None
     return HeadLayout(heads, head_dim)
+
+
+def attention_layouts(model: nn.Module) -> dict[nn.Module, HeadLayout]:
+    """Every module of `model` laid out as a fused-qkv attention, with its heads."""
+    return {m: layout for m in model.modules() if (layout := head_layout(m)) is not None}
 
 
 def _first_dims(layout: HeadLayout) -> list[int]:
@@ -111,12 +121,10 @@ def _zero(rows: Tensor) -> Tensor:
     return (rows.amax(dim=1) == 0) & (rows.amin(dim=1) == 0)
 
 
-def head_rows(qkv: nn.Linear, layout: HeadLayout, dead_v: Iterable[int],
-              at_most: int | None = None) -> list[int]:
+def head_rows(qkv: nn.Linear, layout: HeadLayout, dead_v: Iterable[int]) -> list[int]:
     """The `qkv` rows thinning may remove, as many dimensions from every head's q, k and v:
     q's and k's where the dot product does not need them, v's among `dead_v` (rows whose
-    channel is constant or unread). At most `at_most` per head (default head_dim - 1: a head
-    keeps one)."""
+    channel is constant or unread). Every head keeps at least one dimension."""
     weight = qkv.weight.detach()
     zero = _zero(weight).tolist()
     bias_zero = ([True] * weight.shape[0] if qkv.bias is None
@@ -128,8 +136,7 @@ def head_rows(qkv: nn.Linear, layout: HeadLayout, dead_v: Iterable[int],
         qk_dims.append([d for d in range(layout.head_dim)
                         if zero[k[d]] or (zero[q[d]] and bias_zero[q[d]])])
         v_dims.append([d for d in range(layout.head_dim) if v[d] in dead_v])
-    limit = layout.head_dim - 1 if at_most is None else at_most
-    count = min(limit, *(len(dims) for dims in qk_dims + v_dims))
+    count = min(layout.head_dim - 1, *(len(dims) for dims in qk_dims + v_dims))
     rows = []
     for head in range(layout.heads):
         q, k, v = (layout.rows(part, head) for part in range(PARTS))
@@ -184,9 +191,6 @@ def set_head_dim(module: nn.Module, layout: HeadLayout, kept: int) -> None:
     scale = getattr(module, "scale", None)
     if isinstance(scale, float):
         module.scale = scale * math.sqrt(layout.head_dim / kept)
-
-
-Heads = dict[nn.Module, tuple[nn.Module, "HeadLayout | None"]]
 
 
 def conforming_heads(calls: dict[nn.Module, tuple[tuple[Any, ...], dict[str, Any]]]) -> Heads:

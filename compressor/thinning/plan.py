@@ -19,9 +19,9 @@ from torch import Tensor, nn
 from compressor.thinning.attention import (
     HeadLayout,
     Heads,
+    attention_layouts,
     conforming_heads,
     fold_head_scale,
-    head_layout,
     head_roots,
 )
 from compressor.thinning.recipe import (
@@ -391,7 +391,7 @@ def find_thinning(model: nn.Module, inputs: Tensor, exact: bool = True
     groups = list(graph.get_all_groups(root_module_types=(CONV, nn.Linear)))
     consumer_modules = [dep.target.module for g in groups for dep, _ in g
                         if isinstance(dep.target.module, (CONV, nn.Linear))]
-    attentions = [m for m in model.modules() if head_layout(m) is not None]
+    attentions = list(attention_layouts(model))
     captured, calls = _consumer_inputs(model, consumer_modules, inputs, attentions)
     heads = conforming_heads(calls)
     plan = _Plan()

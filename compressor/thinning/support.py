@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from torch.fx.passes.shape_prop import ShapeProp
 
 from compressor.models.eval_caches import drop_eval_caches
-from compressor.thinning.attention import PARTS, head_layout
+from compressor.thinning.attention import PARTS, attention_layouts
 from compressor.thinning.graph_guard import check_converges, follows, unfollowable_message
 from compressor.thinning.recipe import is_depthwise
 from compressor.utils.errors import UsageError
@@ -144,8 +144,7 @@ def check_thinnable(model: nn.Module, inputs: Tensor, layers: Iterable[tuple[str
     graph = graph if graph is not None else dependency_graph(model, inputs)
     names = {module: name for name, module in model.named_modules()}
     modules = dict(model.named_modules())
-    heads = {m.qkv: layout.heads for m in model.modules()
-             if (layout := head_layout(m)) is not None}
+    heads = {m.qkv: layout.heads for m, layout in attention_layouts(model).items()}
     for layer, outputs in layers:
         if not follows(graph, model, modules[layer], outputs):
             raise UsageError(unfollowable_message(layer, model))
